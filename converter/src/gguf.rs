@@ -1,0 +1,518 @@
+//! GGUF reader and dequantizer (llama.cpp's file format, versions 2 and 3).
+//!
+//! Layout (ggml/docs/gguf.md): magic `GGUF`, version u32, tensor count u64, metadata count
+//! u64, metadata key/values, tensor infos (name, dims innermost first, type, offset), padding
+//! to `general.alignment`, then tensor data. Every count, length and offset is checked
+//! against the file size before it is used, so a hostile header can't make us allocate or
+//! read past the end.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail, ensure};
+use half::f16;
+
+use crate::mmap::MappedFile;
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// Dimensions a ggml tensor can have.
+const MAX_DIMS: u32 = 4;
+
+/// A metadata value.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Value {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<Value>),
+}
+
+impl Value {
+    /// The value as an unsigned integer, if it is a non-negative integer of any width.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::U8(v) => Some(v.into()),
+            Value::U16(v) => Some(v.into()),
+            Value::U32(v) => Some(v.into()),
+            Value::U64(v) => Some(v),
+            Value::I8(v) => u64::try_from(v).ok(),
+            Value::I16(v) => u64::try_from(v).ok(),
+            Value::I32(v) => u64::try_from(v).ok(),
+            Value::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            // Through the shortest decimal form, so 1e-5 stored as f32 reads back as 1e-5.
+            Value::F32(v) => v.to_string().parse().ok(),
+            Value::F64(v) => Some(v),
+            _ => self.as_u64().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+}
+
+/// ggml tensor types: the ones we dequantize, and the names of the others for errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GgmlType {
+    F32,
+    F16,
+    Bf16,
+    Q4_0,
+    Q4_1,
+    Q8_0,
+    /// Known to ggml, not supported here: the id and its ggml name.
+    Unsupported(u32, &'static str),
+}
+
+impl GgmlType {
+    fn from_id(id: u32) -> Result<Self> {
+        Ok(match id {
+            0 => Self::F32,
+            1 => Self::F16,
+            2 => Self::Q4_0,
+            3 => Self::Q4_1,
+            8 => Self::Q8_0,
+            30 => Self::Bf16,
+            _ => {
+                let name = match id {
+                    6 => "Q5_0",
+                    7 => "Q5_1",
+                    9 => "Q8_1",
+                    10 => "Q2_K",
+                    11 => "Q3_K",
+                    12 => "Q4_K",
+                    13 => "Q5_K",
+                    14 => "Q6_K",
+                    15 => "Q8_K",
+                    16 => "IQ2_XXS",
+                    17 => "IQ2_XS",
+                    18 => "IQ3_XXS",
+                    19 => "IQ1_S",
+                    20 => "IQ4_NL",
+                    21 => "IQ3_S",
+                    22 => "IQ2_S",
+                    23 => "IQ4_XS",
+                    24 => "I8",
+                    25 => "I16",
+                    26 => "I32",
+                    27 => "I64",
+                    28 => "F64",
+                    29 => "IQ1_M",
+                    34 => "TQ1_0",
+                    35 => "TQ2_0",
+                    39 => "MXFP4",
+                    _ => bail!("unknown ggml tensor type id {id}"),
+                };
+                Self::Unsupported(id, name)
+            }
+        })
+    }
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::F32 => "F32",
+            Self::F16 => "F16",
+            Self::Bf16 => "BF16",
+            Self::Q4_0 => "Q4_0",
+            Self::Q4_1 => "Q4_1",
+            Self::Q8_0 => "Q8_0",
+            Self::Unsupported(_, name) => name,
+        }
+    }
+
+    /// (elements per block, bytes per block)
+    fn block(self) -> Option<(u64, u64)> {
+        match self {
+            Self::F32 => Some((1, 4)),
+            Self::F16 | Self::Bf16 => Some((1, 2)),
+            Self::Q4_0 => Some((32, 18)),
+            Self::Q4_1 => Some((32, 20)),
+            Self::Q8_0 => Some((32, 34)),
+            Self::Unsupported(..) => None,
+        }
+    }
+}
+
+/// Where one tensor's data is and how to read it.
+#[derive(Debug, Clone)]
+pub struct TensorInfo {
+    pub name: String,
+    /// ggml order: innermost (contiguous) dimension first, the reverse of PyTorch's.
+    pub dims: Vec<u64>,
+    pub ggml_type: GgmlType,
+    /// Absolute byte range in the file (checked to lie inside it at open).
+    start: usize,
+    len: usize,
+}
+
+impl TensorInfo {
+    /// Shape in PyTorch order (outermost first).
+    pub fn shape(&self) -> Vec<usize> {
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+
+    pub fn numel(&self) -> usize {
+        self.dims.iter().product::<u64>() as usize
+    }
+}
+
+/// An open GGUF file.
+pub struct Gguf {
+    file: MappedFile,
+    pub metadata: BTreeMap<String, Value>,
+    pub tensors: Vec<TensorInfo>,
+}
+
+impl Gguf {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = MappedFile::open(path)?;
+        let (metadata, tensors) = parse(file.bytes())
+            .with_context(|| format!("{}: not a valid GGUF file", path.display()))?;
+        Ok(Self {
+            file,
+            metadata,
+            tensors,
+        })
+    }
+
+    pub fn get(&self, key: &str) -> Option<&Value> {
+        self.metadata.get(key)
+    }
+
+    /// A required unsigned integer.
+    pub fn u64(&self, key: &str) -> Result<u64> {
+        self.get(key)
+            .and_then(Value::as_u64)
+            .with_context(|| format!("GGUF metadata {key} is missing or not an unsigned integer"))
+    }
+
+    /// A required string.
+    pub fn str(&self, key: &str) -> Result<&str> {
+        self.get(key)
+            .and_then(Value::as_str)
+            .with_context(|| format!("GGUF metadata {key} is missing or not a string"))
+    }
+
+    /// A required array of strings.
+    pub fn strings(&self, key: &str) -> Result<Vec<&str>> {
+        let Some(Value::Array(items)) = self.get(key) else {
+            bail!("GGUF metadata {key} is missing or not an array");
+        };
+        items
+            .iter()
+            .map(|v| {
+                v.as_str()
+                    .with_context(|| format!("GGUF metadata {key} holds a non-string"))
+            })
+            .collect()
+    }
+
+    /// The tensor's values as f32, in PyTorch (row-major, outermost first) order.
+    pub fn dequantize(&self, info: &TensorInfo) -> Result<Vec<f32>> {
+        let bytes = &self.file.bytes()[info.start..info.start + info.len];
+        dequantize(info.ggml_type, bytes, info.numel())
+            .with_context(|| format!("tensor {}", info.name))
+    }
+}
+
+/// Decodes `numel` values of type `ty` from `bytes` (whose length was checked at open).
+pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>> {
+    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+    let mut out = Vec::with_capacity(numel);
+    match ty {
+        GgmlType::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes(c.try_into().unwrap())),
+        ),
+        GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(|c| f16_at(c, 0))),
+        GgmlType::Bf16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
+        // Block formats as in ggml-quants.c `dequantize_row_*`; the arithmetic order (scale
+        // times integer, then plus min) matches it so results are bit-identical.
+        GgmlType::Q8_0 => {
+            for block in bytes.chunks_exact(34) {
+                let d = f16_at(block, 0);
+                out.extend(block[2..].iter().map(|&q| d * f32::from(q as i8)));
+            }
+        }
+        GgmlType::Q4_0 => {
+            for block in bytes.chunks_exact(18) {
+                let d = f16_at(block, 0);
+                let qs = &block[2..];
+                // Low nibbles are elements 0..16, high nibbles 16..32.
+                out.extend(qs.iter().map(|&q| d * ((q & 0x0f) as i32 - 8) as f32));
+                out.extend(qs.iter().map(|&q| d * ((q >> 4) as i32 - 8) as f32));
+            }
+        }
+        GgmlType::Q4_1 => {
+            for block in bytes.chunks_exact(20) {
+                let (d, m) = (f16_at(block, 0), f16_at(block, 2));
+                let qs = &block[4..];
+                out.extend(qs.iter().map(|&q| d * (q & 0x0f) as f32 + m));
+                out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
+            }
+        }
+        GgmlType::Unsupported(id, name) => {
+            bail!(
+                "unsupported GGUF tensor type {name} (ggml type {id}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"
+            )
+        }
+    }
+    ensure!(
+        out.len() == numel,
+        "decoded {} values, expected {numel}",
+        out.len()
+    );
+    Ok(out)
+}
+
+/// A bounds-checked reader over the header bytes.
+struct Cursor<'a> {
+    bytes: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> Cursor<'a> {
+    fn take(&mut self, n: u64) -> Result<&'a [u8]> {
+        let remaining = (self.bytes.len() - self.pos) as u64;
+        if n > remaining {
+            bail!(
+                "truncated: needs {n} bytes at offset {}, only {remaining} left",
+                self.pos
+            );
+        }
+        let out = &self.bytes[self.pos..self.pos + n as usize];
+        self.pos += n as usize;
+        Ok(out)
+    }
+
+    fn array<const N: usize>(&mut self) -> Result<[u8; N]> {
+        Ok(self
+            .take(N as u64)?
+            .try_into()
+            .expect("take returns N bytes"))
+    }
+
+    fn u32(&mut self) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array()?))
+    }
+
+    fn u64(&mut self) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array()?))
+    }
+
+    fn string(&mut self) -> Result<String> {
+        let len = self.u64()?;
+        let bytes = self.take(len)?;
+        String::from_utf8(bytes.to_vec()).context("a string is not valid UTF-8")
+    }
+
+    /// A count of items each at least `min_item_bytes` long: refused if the rest of the file
+    /// couldn't hold them, so counts can't drive huge allocations.
+    fn count(&mut self, what: &str, min_item_bytes: u64) -> Result<usize> {
+        let n = self.u64()?;
+        let remaining = (self.bytes.len() - self.pos) as u64;
+        if n.saturating_mul(min_item_bytes) > remaining {
+            bail!("{what} count {n} cannot fit in the {remaining} bytes left in the file");
+        }
+        Ok(n as usize)
+    }
+
+    fn value(&mut self, type_id: u32, depth: u32) -> Result<Value> {
+        Ok(match type_id {
+            0 => Value::U8(self.array::<1>()?[0]),
+            1 => Value::I8(self.array::<1>()?[0] as i8),
+            2 => Value::U16(u16::from_le_bytes(self.array()?)),
+            3 => Value::I16(i16::from_le_bytes(self.array()?)),
+            4 => Value::U32(self.u32()?),
+            5 => Value::I32(i32::from_le_bytes(self.array()?)),
+            6 => Value::F32(f32::from_le_bytes(self.array()?)),
+            7 => match self.array::<1>()?[0] {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => bail!("invalid bool byte {b}"),
+            },
+            8 => Value::String(self.string()?),
+            9 => {
+                if depth > 0 {
+                    bail!("nested metadata arrays are not supported");
+                }
+                let item_type = self.u32()?;
+                let n = self.count("array item", min_value_bytes(item_type)?)?;
+                let items = (0..n)
+                    .map(|_| self.value(item_type, depth + 1))
+                    .collect::<Result<_>>()?;
+                Value::Array(items)
+            }
+            10 => Value::U64(self.u64()?),
+            11 => Value::I64(i64::from_le_bytes(self.array()?)),
+            12 => Value::F64(f64::from_le_bytes(self.array()?)),
+            _ => bail!("unknown metadata value type {type_id}"),
+        })
+    }
+}
+
+fn min_value_bytes(type_id: u32) -> Result<u64> {
+    Ok(match type_id {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8..=12 => 8, // string and array lengths are u64
+        _ => bail!("unknown metadata value type {type_id}"),
+    })
+}
+
+type Parsed = (BTreeMap<String, Value>, Vec<TensorInfo>);
+
+fn parse(bytes: &[u8]) -> Result<Parsed> {
+    let mut cur = Cursor { bytes, pos: 0 };
+    let magic = cur.take(4).context("file shorter than the GGUF magic")?;
+    ensure!(magic == MAGIC, "bad magic {magic:02x?}, expected \"GGUF\"");
+    let version = cur.u32()?;
+    ensure!(
+        matches!(version, 2 | 3),
+        "unsupported GGUF version {version} (supported: 2, 3)"
+    );
+    // A tensor info is at least 8 (name length) + 4 (n_dims) + 4 (type) + 8 (offset) bytes;
+    // a key/value at least 8 (key length) + 4 (type) + 1.
+    let n_tensors = cur.u64()?;
+    let n_kv = cur.u64()?;
+    let remaining = (bytes.len() - cur.pos) as u64;
+    ensure!(
+        n_tensors
+            .saturating_mul(24)
+            .saturating_add(n_kv.saturating_mul(13))
+            <= remaining,
+        "header claims {n_tensors} tensors and {n_kv} metadata entries, more than the file can hold"
+    );
+    let mut metadata = BTreeMap::new();
+    for _ in 0..n_kv {
+        let key = cur.string().context("metadata key")?;
+        let type_id = cur.u32()?;
+        let value = cur
+            .value(type_id, 0)
+            .with_context(|| format!("metadata {key}"))?;
+        metadata.insert(key, value);
+    }
+    let alignment = match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(v) => v
+            .as_u64()
+            .filter(|a| a.is_power_of_two())
+            .context("general.alignment must be a power of two")?,
+    };
+    let mut infos = Vec::with_capacity(n_tensors as usize);
+    for _ in 0..n_tensors {
+        let name = cur.string().context("tensor name")?;
+        let n_dims = cur.u32()?;
+        ensure!(
+            (1..=MAX_DIMS).contains(&n_dims),
+            "tensor {name}: {n_dims} dimensions (1 to {MAX_DIMS} allowed)"
+        );
+        let dims = (0..n_dims).map(|_| cur.u64()).collect::<Result<Vec<_>>>()?;
+        let ggml_type = GgmlType::from_id(cur.u32()?).with_context(|| format!("tensor {name}"))?;
+        let offset = cur.u64()?;
+        infos.push((name, dims, ggml_type, offset));
+    }
+    let data_start = (cur.pos as u64).div_ceil(alignment) * alignment;
+    let file_len = bytes.len() as u64;
+    let mut tensors = Vec::with_capacity(infos.len());
+    for (name, dims, ggml_type, offset) in infos {
+        let numel = dims
+            .iter()
+            .try_fold(1u64, |acc, &d| acc.checked_mul(d))
+            .filter(|&n| n > 0)
+            .with_context(|| format!("tensor {name}: invalid shape {dims:?}"))?;
+        let len = match ggml_type.block() {
+            Some((block_elems, block_bytes)) => {
+                ensure!(
+                    numel % block_elems == 0,
+                    "tensor {name}: {numel} elements is not a multiple of the {} block size {block_elems}",
+                    ggml_type.name()
+                );
+                (numel / block_elems).checked_mul(block_bytes)
+            }
+            // Unsupported types are reported when read, with their name.
+            None => Some(0),
+        };
+        let start = data_start.checked_add(offset);
+        let end = start.zip(len).and_then(|(s, l)| s.checked_add(l));
+        let (Some(start), Some(len), Some(end)) = (start, len, end) else {
+            bail!("tensor {name}: offset {offset} overflows");
+        };
+        ensure!(
+            end <= file_len,
+            "tensor {name}: data [{start}, {end}) lies past the end of the file ({file_len} bytes)"
+        );
+        tensors.push(TensorInfo {
+            name,
+            dims,
+            ggml_type,
+            start: start as usize,
+            len: len as usize,
+        });
+    }
+    Ok((metadata, tensors))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q4_1_block_matches_ggml_reference() {
+        // d = 0.5, m = -1.0; byte k holds element k (low nibble) and k + 16 (high nibble).
+        let mut block = Vec::new();
+        block.extend(f16::from_f32(0.5).to_le_bytes());
+        block.extend(f16::from_f32(-1.0).to_le_bytes());
+        block.extend((0..16u8).map(|k| (15 - k) << 4 | k));
+        let out = dequantize(GgmlType::Q4_1, &block, 32).unwrap();
+        for k in 0..16 {
+            assert_eq!(out[k], 0.5 * k as f32 - 1.0);
+            assert_eq!(out[k + 16], 0.5 * (15 - k) as f32 - 1.0);
+        }
+    }
+
+    #[test]
+    fn q4_0_and_q8_0_blocks() {
+        let mut q4 = f16::from_f32(2.0).to_le_bytes().to_vec();
+        q4.extend([0x80u8; 16]); // low nibble 0 → -8, high nibble 8 → 0
+        let out = dequantize(GgmlType::Q4_0, &q4, 32).unwrap();
+        assert!(out[..16].iter().all(|&v| v == -16.0) && out[16..].iter().all(|&v| v == 0.0));
+
+        let mut q8 = f16::from_f32(0.25).to_le_bytes().to_vec();
+        q8.extend((0..32).map(|i| (i as i8 - 16) as u8));
+        let out = dequantize(GgmlType::Q8_0, &q8, 32).unwrap();
+        assert_eq!(out[0], -4.0);
+        assert_eq!(out[31], 3.75);
+    }
+
+    #[test]
+    fn unsupported_type_is_named() {
+        let err = dequantize(GgmlType::from_id(12).unwrap(), &[], 256).unwrap_err();
+        assert!(err.to_string().contains("Q4_K"), "{err}");
+    }
+}

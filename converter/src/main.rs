@@ -1,0 +1,102 @@
+//! `converter`: Hugging Face checkpoints (or a GGUF) → Burn record artifacts for `runtime`.
+
+mod checkpoint;
+mod convert;
+mod gguf;
+mod import;
+mod mmap;
+mod names;
+mod probe;
+mod staging;
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::Result;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(version, about, long_about = None)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Import a llama.cpp GGUF file as a Hugging Face checkpoint (bf16 model.safetensors,
+    /// config.json, tokenizer.json, tokenizer_config.json, generation_config.json).
+    ImportGguf {
+        /// The .gguf file (F32, F16, BF16, Q8_0, Q4_0 or Q4_1 tensors).
+        gguf: PathBuf,
+        /// The checkpoint directory to write (replaced as a whole).
+        out_dir: PathBuf,
+    },
+    /// Convert a Hugging Face Llama checkpoint into a Burn record artifact
+    /// (model.mpk, config and tokenizer files, manifest.json).
+    Convert {
+        /// Directory with config.json, tokenizer.json and model.safetensors (or shards).
+        hf_dir: PathBuf,
+        /// The artifact directory to write.
+        out_dir: PathBuf,
+    },
+    /// Recompute an artifact's checksums and tokenizer probe and compare them with its
+    /// manifest.json; names every file that differs.
+    Verify {
+        /// The artifact directory.
+        out_dir: PathBuf,
+        /// Also check the checkpoint files the artifact was converted from.
+        #[arg(long)]
+        source: Option<PathBuf>,
+    },
+}
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    let started = Instant::now();
+    match cli.command {
+        Command::ImportGguf { gguf, out_dir } => {
+            import::import_gguf(&gguf, &out_dir)?;
+            eprintln!(
+                "imported {} into {} in {:.1} s",
+                gguf.display(),
+                out_dir.display(),
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Command::Convert { hf_dir, out_dir } => {
+            let manifest = convert::convert(&hf_dir, &out_dir)?;
+            let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
+            eprintln!(
+                "converted {} into {} ({} files, {:.1} MB) in {:.1} s",
+                hf_dir.display(),
+                out_dir.display(),
+                manifest.files.len(),
+                bytes as f64 / 1e6,
+                started.elapsed().as_secs_f64()
+            );
+        }
+        Command::Verify { out_dir, source } => {
+            let problems = convert::verify(&out_dir, source.as_deref())?;
+            if !problems.is_empty() {
+                for problem in &problems {
+                    eprintln!("mismatch: {problem}");
+                }
+                eprintln!("error: {} does not match its manifest", out_dir.display());
+                return Ok(ExitCode::FAILURE);
+            }
+            eprintln!("{}: every file matches manifest.json", out_dir.display());
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}

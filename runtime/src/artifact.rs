@@ -1,0 +1,196 @@
+//! The artifact directory the converter writes and the runtime reads: its file names, its
+//! manifest (defined once here, for both sides) and record loading.
+//!
+//! `manifest.json` is written last and removed first by the converter, so it doubles as the
+//! "complete" marker: a directory without one, or whose files differ in size from it, is an
+//! interrupted conversion and is refused.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use burn::module::Module;
+use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
+use burn::tensor::backend::Backend;
+use serde::{Deserialize, Serialize};
+use sha2::{Digest, Sha256};
+
+use crate::config::{ConfigError, LlamaConfig};
+use crate::model::Llama;
+
+/// The Burn record of the model's parameters.
+pub const MODEL_FILE: &str = "model.mpk";
+pub const MANIFEST_FILE: &str = "manifest.json";
+pub const CONFIG_FILE: &str = "config.json";
+pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
+pub const TOKENIZER_FILE: &str = "tokenizer.json";
+pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// Bumped whenever the meaning of the artifact's files changes.
+pub const FORMAT_VERSION: u32 = 1;
+
+/// The recorder every artifact is saved and loaded with.
+pub type ArtifactRecorder = NamedMpkFileRecorder<FullPrecisionSettings>;
+
+/// Errors reading an artifact directory.
+#[derive(Debug, thiserror::Error)]
+pub enum ArtifactError {
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error(
+        "{0}: no {MANIFEST_FILE}; the artifact is missing or its conversion did not finish (run `just convert`)"
+    )]
+    NoManifest(PathBuf),
+    #[error("{path} is not a valid manifest: {source}")]
+    BadManifest {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
+    #[error("{path} has {actual} bytes, the manifest says {expected}: truncated or replaced")]
+    SizeMismatch {
+        path: PathBuf,
+        expected: u64,
+        actual: u64,
+    },
+    #[error(
+        "{path}: unsupported artifact format {found} (this runtime reads {FORMAT_VERSION}); convert again"
+    )]
+    Format { path: PathBuf, found: u32 },
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("{path}: cannot load the record: {message}")]
+    Record { path: PathBuf, message: String },
+}
+
+/// One file with its digest.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FileDigest {
+    pub name: String,
+    pub sha256: String,
+    pub bytes: u64,
+}
+
+/// Token ids of a fixed text, so a changed tokenizer shows up as a manifest difference.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Probe {
+    pub text: String,
+    pub token_ids: Vec<u32>,
+}
+
+/// `manifest.json`: what was converted, by which converter, into which files.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Manifest {
+    pub format_version: u32,
+    /// `converter <version>`.
+    pub converter: String,
+    /// The checkpoint files read, by name within the checkpoint directory.
+    pub source: Vec<FileDigest>,
+    /// The artifact files, by name within the artifact directory (the manifest excluded).
+    pub files: Vec<FileDigest>,
+    pub probe: Probe,
+}
+
+impl Manifest {
+    /// Reads `dir/manifest.json`.
+    pub fn read(dir: &Path) -> Result<Self, ArtifactError> {
+        let path = dir.join(MANIFEST_FILE);
+        let text = match std::fs::read_to_string(&path) {
+            Ok(text) => text,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(ArtifactError::NoManifest(dir.to_path_buf()));
+            }
+            Err(source) => return Err(ArtifactError::Io { path, source }),
+        };
+        let manifest: Manifest =
+            serde_json::from_str(&text).map_err(|source| ArtifactError::BadManifest {
+                path: path.clone(),
+                source,
+            })?;
+        if manifest.format_version != FORMAT_VERSION {
+            return Err(ArtifactError::Format {
+                path,
+                found: manifest.format_version,
+            });
+        }
+        Ok(manifest)
+    }
+
+    /// The manifest as written to disk: pretty JSON with a trailing newline.
+    pub fn to_json(&self) -> String {
+        let mut text = serde_json::to_string_pretty(self).expect("a manifest always serializes");
+        text.push('\n');
+        text
+    }
+
+    /// Cheap completeness check for loading: every listed file exists with its size.
+    /// (`converter verify` checks the digests.)
+    pub fn check_sizes(&self, dir: &Path) -> Result<(), ArtifactError> {
+        for file in &self.files {
+            let path = dir.join(&file.name);
+            let actual = std::fs::metadata(&path)
+                .map_err(|source| ArtifactError::Io {
+                    path: path.clone(),
+                    source,
+                })?
+                .len();
+            if actual != file.bytes {
+                return Err(ArtifactError::SizeMismatch {
+                    path,
+                    expected: file.bytes,
+                    actual,
+                });
+            }
+        }
+        Ok(())
+    }
+}
+
+/// sha256 (lower-case hex) and size of a file, read in 1 MiB chunks.
+pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    Ok((hex(&hasher.finalize()), bytes))
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Loads a converted model: checks the manifest marks the directory complete, reads the
+/// config and loads `model.mpk` into the Burn module.
+pub fn load_model<B: Backend>(
+    dir: &Path,
+    device: &B::Device,
+) -> Result<(Llama<B>, LlamaConfig), ArtifactError> {
+    let manifest = Manifest::read(dir)?;
+    manifest.check_sizes(dir)?;
+    let config = LlamaConfig::from_file(&dir.join(CONFIG_FILE))?;
+    let path = dir.join(MODEL_FILE);
+    let model = config
+        .init::<B>(device)
+        .load_file(path.clone(), &ArtifactRecorder::new(), device)
+        .map_err(|e| ArtifactError::Record {
+            path,
+            message: first_line(&format!("{e:?}")),
+        })?;
+    Ok((model, config))
+}
+
+fn first_line(text: &str) -> String {
+    text.lines().next().unwrap_or_default().to_string()
+}

@@ -1,0 +1,15 @@
+//! Minimal runtime for Llama-family models converted to Burn records by `converter`.
+//!
+//! Data flows one way: Hugging Face checkpoint → `converter` → artifact directory
+//! ([`artifact`]) → this crate's [`model::Llama`].
+
+pub mod artifact;
+pub mod cache;
+pub mod config;
+pub mod model;
+pub mod params;
+
+/// The default CPU backend: burn-flex (gemm-based), 8-10x faster than ndarray at decode.
+pub type FlexBackend = burn_flex::Flex<f32>;
+/// The legacy CPU backend, kept selectable for comparison.
+pub type NdArrayBackend = burn_ndarray::NdArray<f32>;

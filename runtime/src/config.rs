@@ -73,6 +73,9 @@ pub struct HfConfig {
     pub rope_theta: Option<f64>,
     #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
+    /// transformers ≥ 5 writes `rope_theta` here instead of at the top level.
+    #[serde(default)]
+    pub rope_parameters: Option<RopeParameters>,
     pub max_position_embeddings: usize,
     #[serde(default)]
     pub tie_word_embeddings: Option<bool>,
@@ -86,6 +89,15 @@ pub struct HfConfig {
     pub bos_token_id: Option<u32>,
     #[serde(default)]
     pub eos_token_id: Option<TokenIds>,
+}
+
+/// `rope_parameters` of transformers ≥ 5 configs.
+#[derive(Debug, Clone, Deserialize, Serialize)]
+pub struct RopeParameters {
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    #[serde(default)]
+    pub rope_type: Option<String>,
 }
 
 /// The resolved hyperparameters the model is built from.
@@ -190,7 +202,19 @@ impl LlamaConfig {
             return invalid("attention_bias / mlp_bias are not supported".into());
         }
         let rms_norm_eps = hf.rms_norm_eps.unwrap_or(1e-6);
-        let rope_theta = hf.rope_theta.unwrap_or(10_000.0);
+        let rope = hf.rope_parameters.as_ref();
+        if let Some(kind) = rope
+            .and_then(|r| r.rope_type.as_deref())
+            .filter(|t| *t != "default")
+        {
+            return invalid(format!(
+                "rope_type {kind:?} is not supported (only \"default\")"
+            ));
+        }
+        let rope_theta = hf
+            .rope_theta
+            .or_else(|| rope.and_then(|r| r.rope_theta))
+            .unwrap_or(10_000.0);
         if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
             return invalid(format!("rms_norm_eps {rms_norm_eps} must be positive"));
         }

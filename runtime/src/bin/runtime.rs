@@ -1,0 +1,265 @@
+//! `runtime`: generate text with a converted Llama model on the CPU.
+//! The work is in the library; this is a clap struct and one call.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::backend::Backend;
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use runtime::generate::{GenerateOptions, Generation, Generator};
+use runtime::sampling::SamplingParams;
+use runtime::tokenizer::Tokenizer;
+use runtime::{FlexBackend, NdArrayBackend};
+use serde_json::json;
+
+#[derive(Parser)]
+#[command(
+    version,
+    about = "Generate text with a converted Llama model on the CPU",
+    args_conflicts_with_subcommands = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    generate: GenerateArgs,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Perplexity of a text file: mean next-token negative log-likelihood (no BOS added).
+    Perplexity(PerplexityArgs),
+}
+
+#[derive(Args)]
+struct CommonArgs {
+    /// Artifact directory written by `converter convert`.
+    #[arg(long, default_value = "artifacts/smollm2-135m-instruct")]
+    artifacts: PathBuf,
+    /// CPU backend.
+    #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
+    backend: BackendKind,
+    /// Worker threads (default: one per core).
+    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
+    threads: Option<u16>,
+    /// Print one JSON object instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, ValueEnum)]
+enum BackendKind {
+    /// burn-flex: gemm-based, the fast one.
+    Flex,
+    /// burn-ndarray: the legacy backend.
+    Ndarray,
+}
+
+#[derive(Args)]
+struct GenerateArgs {
+    /// Text to continue (or, with --chat, the user's message).
+    #[arg(long, conflicts_with = "prompt_file")]
+    prompt: Option<String>,
+    /// Read the prompt from a file (UTF-8).
+    #[arg(long)]
+    prompt_file: Option<PathBuf>,
+    /// Render the prompt with the model's chat template as one user turn.
+    #[arg(long)]
+    chat: bool,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_new_tokens: u32,
+    /// Sampling temperature; 0 picks the most likely token every time (greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temperature: f32,
+    /// Sample from the K most likely tokens only (0: no limit).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Sample from the smallest set of tokens whose probability reaches P (1: no limit).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens less likely than P times the most likely one (0: none).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Penalty for tokens among the last --repeat-last-n (1: none).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Window of the repetition penalty, in tokens.
+    #[arg(long, default_value_t = 64)]
+    repeat_last_n: usize,
+    /// Random seed: the same seed gives the same text.
+    #[arg(long, default_value_t = 299_792_458)]
+    seed: u64,
+    /// End generation before this string (repeatable).
+    #[arg(long)]
+    stop: Vec<String>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Args)]
+struct PerplexityArgs {
+    /// Text file to score (UTF-8).
+    #[arg(long)]
+    file: PathBuf,
+    /// Score only the first N tokens (default: the model's context length).
+    #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
+    max_tokens: Option<u32>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+fn main() -> ExitCode {
+    let started = Instant::now();
+    let cli = Cli::parse();
+    match run(cli, started) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli, started: Instant) -> Result<()> {
+    let common = match &cli.command {
+        Some(Command::Perplexity(args)) => &args.common,
+        None => &cli.generate.common,
+    };
+    if let Some(threads) = common.threads {
+        rayon::ThreadPoolBuilder::new()
+            .num_threads(threads.into())
+            .build_global()
+            .context("cannot start the thread pool")?;
+    }
+    match common.backend {
+        BackendKind::Flex => run_on::<FlexBackend>(&cli, started),
+        BackendKind::Ndarray => run_on::<NdArrayBackend>(&cli, started),
+    }
+}
+
+fn run_on<B: Backend>(cli: &Cli, started: Instant) -> Result<()> {
+    match &cli.command {
+        Some(Command::Perplexity(args)) => perplexity::<B>(args),
+        None => generate::<B>(&cli.generate, started),
+    }
+}
+
+fn load<B: Backend>(dir: &Path) -> Result<(Generator<B>, Tokenizer)> {
+    let device = Default::default();
+    let generator = Generator::<B>::load(dir, &device)?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    Ok((generator, tokenizer))
+}
+
+fn read_text(path: &Path) -> Result<String> {
+    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
+    String::from_utf8(bytes).map_err(|e| {
+        anyhow::anyhow!(
+            "{} is not valid UTF-8 (byte {})",
+            path.display(),
+            e.utf8_error().valid_up_to()
+        )
+    })
+}
+
+fn generate<B: Backend>(args: &GenerateArgs, started: Instant) -> Result<()> {
+    let sampling = SamplingParams {
+        temperature: args.temperature,
+        top_k: args.top_k,
+        top_p: args.top_p,
+        min_p: args.min_p,
+        repeat_penalty: args.repeat_penalty,
+        repeat_last_n: args.repeat_last_n,
+        seed: args.seed,
+    };
+    sampling
+        .validate()
+        .map_err(|e| anyhow::anyhow!("invalid option: {e}"))?;
+    let prompt = match (&args.prompt, &args.prompt_file) {
+        (Some(prompt), _) => prompt.clone(),
+        (None, Some(path)) => read_text(path)?,
+        (None, None) => bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
+    };
+    let (generator, tokenizer) = load::<B>(&args.common.artifacts)?;
+    let prompt_ids = if args.chat {
+        tokenizer.encode_chat(args.system.as_deref(), &prompt)?
+    } else {
+        tokenizer.encode(&prompt)?
+    };
+    let load_s = started.elapsed().as_secs_f64();
+
+    let options = GenerateOptions {
+        max_new_tokens: args.max_new_tokens as usize,
+        sampling,
+        stop: args.stop.clone(),
+    };
+    let mut stdout = std::io::stdout().lock();
+    let mut pipe_closed = false;
+    let generation = generator.generate(&tokenizer, &prompt_ids, &options, |piece| {
+        if !args.common.json && !pipe_closed {
+            // A closed pipe (`| head`) is the reader's choice, not an error.
+            pipe_closed = stdout
+                .write_all(piece.as_bytes())
+                .and_then(|()| stdout.flush())
+                .is_err();
+        }
+    })?;
+    if args.common.json {
+        println!("{}", generation_json(&generation, load_s));
+    } else {
+        if !pipe_closed {
+            writeln!(stdout).ok();
+        }
+        eprintln!(
+            "load {load_s:.2} s | prompt {} tokens, {:.1} tok/s | generated {} tokens, {:.1} tok/s | stop: {}",
+            generation.prompt_tokens,
+            generation.timings.prefill_tokens_per_s,
+            generation.tokens.len(),
+            generation.timings.decode_tokens_per_s,
+            json!(generation.stop_reason).as_str().unwrap_or_default(),
+        );
+    }
+    Ok(())
+}
+
+fn generation_json(g: &Generation, load_s: f64) -> serde_json::Value {
+    json!({
+        "text": g.text,
+        "tokens": g.tokens,
+        "prompt_tokens": g.prompt_tokens,
+        "generated_tokens": g.tokens.len(),
+        "stop_reason": g.stop_reason,
+        "timings": {
+            "load_s": load_s,
+            "prefill_tokens_per_s": g.timings.prefill_tokens_per_s,
+            "decode_tokens_per_s": g.timings.decode_tokens_per_s,
+        },
+    })
+}
+
+fn perplexity<B: Backend>(args: &PerplexityArgs) -> Result<()> {
+    let text = read_text(&args.file)?;
+    let (generator, tokenizer) = load::<B>(&args.common.artifacts)?;
+    let mut ids = tokenizer.encode(&text)?;
+    let limit = args
+        .max_tokens
+        .map_or(generator.config.max_position_embeddings, |n| n as usize);
+    ids.truncate(limit);
+    let result = generator.perplexity(&ids)?;
+    if args.common.json {
+        println!("{}", json!(result));
+    } else {
+        println!(
+            "tokens {} | mean nll {:.6} | perplexity {:.4}",
+            result.tokens, result.nll, result.ppl
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,417 @@
+//! Text generation and perplexity on a loaded model: the token loop, stop conditions,
+//! streaming, timings.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::artifact::{self, ArtifactError, GENERATION_CONFIG_FILE};
+use crate::cache::KvCache;
+use crate::config::{LlamaConfig, TokenIds};
+use crate::model::{Llama, Rope};
+use crate::sampling::{Sampler, SamplingParams};
+use crate::tokenizer::{Tokenizer, TokenizerError};
+
+/// Prompts and perplexity texts run through the model this many tokens at a time, which
+/// bounds the attention scores' memory (`heads × chunk × context` floats) for long inputs.
+const PREFILL_CHUNK: usize = 512;
+
+/// Errors while generating.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error(
+        "the prompt has {tokens} tokens; the model's context holds {context} (max_position_embeddings) and needs room for at least one new token"
+    )]
+    PromptTooLong { tokens: usize, context: usize },
+    #[error("{tokens} positions do not fit a KV cache of {capacity}")]
+    ContextFull { tokens: usize, capacity: usize },
+    #[error("perplexity needs at least 2 tokens, the text has {0}")]
+    TextTooShort(usize),
+    #[error("{0}")]
+    Backend(String),
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StopReason {
+    /// The model produced an end-of-sequence token.
+    Eos,
+    /// The text reached a `--stop` string.
+    Stop,
+    /// `max_new_tokens` or the context length was reached.
+    Length,
+}
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation ends before the first occurrence of any of these strings.
+    pub stop: Vec<String>,
+}
+
+/// Prefill and decode speed of one generation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timings {
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub prefill_tokens_per_s: f64,
+    /// Tokens after the first, over the time spent on them.
+    pub decode_tokens_per_s: f64,
+}
+
+/// The result of [`Generator::generate`].
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub text: String,
+    /// Generated token ids (no prompt; an ending EOS is not included).
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub stop_reason: StopReason,
+    pub timings: Timings,
+}
+
+/// Mean next-token negative log-likelihood of a text.
+#[derive(Debug, Clone, Serialize)]
+pub struct Perplexity {
+    pub tokens: usize,
+    pub nll: f64,
+    pub ppl: f64,
+}
+
+/// A model ready to run: weights, RoPE tables and the ids that end a sequence.
+pub struct Generator<B: Backend> {
+    pub model: Llama<B>,
+    pub config: LlamaConfig,
+    rope: Rope<B>,
+    eos_ids: Vec<u32>,
+    device: B::Device,
+}
+
+#[derive(Deserialize)]
+struct GenerationConfig {
+    eos_token_id: Option<TokenIds>,
+}
+
+impl<B: Backend> Generator<B> {
+    /// Loads the artifact in `dir`.
+    pub fn load(dir: &Path, device: &B::Device) -> Result<Self, GenerateError> {
+        let (model, config) = artifact::load_model::<B>(dir, device)?;
+        let mut eos_ids = config.eos_token_ids.clone();
+        // generation_config.json may name more end tokens than config.json.
+        if let Ok(text) = std::fs::read_to_string(dir.join(GENERATION_CONFIG_FILE)) {
+            let generation: GenerationConfig = serde_json::from_str(&text)
+                .map_err(|e| GenerateError::Backend(format!("{GENERATION_CONFIG_FILE}: {e}")))?;
+            eos_ids.extend(
+                generation
+                    .eos_token_id
+                    .map(|ids| ids.to_vec())
+                    .unwrap_or_default(),
+            );
+        }
+        eos_ids.sort_unstable();
+        eos_ids.dedup();
+        Ok(Self {
+            rope: Rope::new(&config, config.max_position_embeddings, device),
+            model,
+            config,
+            eos_ids,
+            device: device.clone(),
+        })
+    }
+
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    /// An empty KV cache for `capacity` positions.
+    pub fn new_cache(&self, capacity: usize) -> KvCache<B> {
+        KvCache::new(&self.config, 1, capacity, &self.device)
+    }
+
+    /// Runs `ids` through the model after what `cache` holds, in chunks, and returns the
+    /// logits of every position (`all`) or of the last one, flattened row by row.
+    pub fn forward_logits(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache<B>,
+        all: bool,
+    ) -> Result<Vec<f32>, GenerateError> {
+        if cache.len() + ids.len() > cache.capacity() {
+            return Err(GenerateError::ContextFull {
+                tokens: cache.len() + ids.len(),
+                capacity: cache.capacity(),
+            });
+        }
+        let mut out = Vec::new();
+        let n_chunks = ids.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
+            let tokens: Vec<i64> = chunk.iter().map(|&id| i64::from(id)).collect();
+            let tokens = Tensor::<B, 2, Int>::from_data(
+                TensorData::new(tokens, [1, chunk.len()]),
+                &self.device,
+            );
+            let hidden = self.model.forward(tokens, cache, &self.rope); // [1, n, hidden]
+            if !all && i + 1 < n_chunks {
+                continue;
+            }
+            let [_, n, width] = hidden.dims();
+            let rows = if all {
+                hidden
+            } else {
+                hidden.slice([0..1, n - 1..n, 0..width])
+            };
+            let logits = self.model.logits(rows).into_data();
+            out.extend(
+                logits
+                    .into_vec::<f32>()
+                    .map_err(|e| GenerateError::Backend(format!("cannot read logits: {e:?}")))?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Generates a continuation of `prompt` (token ids), calling `on_text` with each piece of
+    /// text as soon as it is complete (whole UTF-8 characters, never part of a stop string).
+    pub fn generate(
+        &self,
+        tokenizer: &Tokenizer,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<Generation, GenerateError> {
+        let context = self.config.max_position_embeddings;
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if prompt.len() >= context {
+            return Err(GenerateError::PromptTooLong {
+                tokens: prompt.len(),
+                context,
+            });
+        }
+        let capacity = context.min(prompt.len() + options.max_new_tokens);
+        let mut cache = self.new_cache(capacity);
+        let mut sampler = Sampler::new(options.sampling.clone());
+        let mut history = prompt.to_vec();
+        let mut tokens = Vec::new();
+        let mut stream = tokenizer.decode_stream();
+        let mut text = StopText::new(&options.stop);
+
+        let started = Instant::now();
+        let mut logits = self.forward_logits(prompt, &mut cache, false)?;
+        let mut prefill = Duration::ZERO;
+        let mut decode_started = started;
+        let stop_reason = loop {
+            if tokens.len() == options.max_new_tokens {
+                break StopReason::Length;
+            }
+            let next = sampler.sample(&mut logits, &history);
+            if tokens.is_empty() {
+                // The first token's time belongs to the prompt: it waits on the prefill.
+                prefill = started.elapsed();
+                decode_started = Instant::now();
+            }
+            if self.eos_ids.contains(&next) {
+                break StopReason::Eos;
+            }
+            tokens.push(next);
+            history.push(next);
+            if let Some(piece) = stream.step(next)? {
+                if text.push(&piece, &mut on_text) {
+                    break StopReason::Stop;
+                }
+            }
+            if tokens.len() == options.max_new_tokens || cache.len() == capacity {
+                break StopReason::Length;
+            }
+            logits = self.forward_logits(&[next], &mut cache, false)?;
+        };
+        let decode = decode_started.elapsed();
+        text.finish(&mut on_text);
+        let per_s = |n: usize, t: Duration| {
+            if t.is_zero() {
+                0.0
+            } else {
+                n as f64 / t.as_secs_f64()
+            }
+        };
+        Ok(Generation {
+            text: text.into_text(),
+            prompt_tokens: prompt.len(),
+            stop_reason,
+            timings: Timings {
+                prefill_s: prefill.as_secs_f64(),
+                decode_s: decode.as_secs_f64(),
+                prefill_tokens_per_s: per_s(prompt.len(), prefill),
+                decode_tokens_per_s: per_s(tokens.len().saturating_sub(1), decode),
+            },
+            tokens,
+        })
+    }
+
+    /// Perplexity of `ids` (no BOS added): exp of the mean negative log-likelihood of each
+    /// token after the first given the ones before it, accumulated in f64.
+    pub fn perplexity(&self, ids: &[u32]) -> Result<Perplexity, GenerateError> {
+        if ids.len() < 2 {
+            return Err(GenerateError::TextTooShort(ids.len()));
+        }
+        let context = self.config.max_position_embeddings;
+        if ids.len() > context {
+            return Err(GenerateError::PromptTooLong {
+                tokens: ids.len(),
+                context,
+            });
+        }
+        let vocab = self.config.vocab_size;
+        let mut cache = self.new_cache(ids.len());
+        let mut nll = 0.0f64;
+        let mut position = 0;
+        // Chunk by chunk, so only one chunk's logits are ever in memory.
+        for chunk in ids.chunks(PREFILL_CHUNK) {
+            let logits = self.forward_logits(chunk, &mut cache, true)?;
+            for row in logits.chunks_exact(vocab) {
+                if let Some(&target) = ids.get(position + 1) {
+                    nll += negative_log_likelihood(row, target as usize);
+                }
+                position += 1;
+            }
+        }
+        let predictions = (ids.len() - 1) as f64;
+        let nll = nll / predictions;
+        Ok(Perplexity {
+            tokens: ids.len(),
+            nll,
+            ppl: nll.exp(),
+        })
+    }
+}
+
+/// `logsumexp(row) - row[target]`, in f64.
+fn negative_log_likelihood(row: &[f32], target: usize) -> f64 {
+    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
+    max + sum.ln() - row[target] as f64
+}
+
+/// Generated text that is released to the caller only once no stop string can still start
+/// in it.
+struct StopText<'a> {
+    stops: &'a [String],
+    text: String,
+    emitted: usize,
+}
+
+impl<'a> StopText<'a> {
+    fn new(stops: &'a [String]) -> Self {
+        Self {
+            stops,
+            text: String::new(),
+            emitted: 0,
+        }
+    }
+
+    /// Appends `piece`; emits what is safe; returns true if a stop string was reached (the
+    /// text is then cut before it).
+    fn push(&mut self, piece: &str, emit: &mut impl FnMut(&str)) -> bool {
+        // A stop string may span pieces: search from where the newest one could start.
+        let longest = self.stops.iter().map(String::len).max().unwrap_or(0);
+        let mut from = self.text.len().saturating_sub(longest);
+        while !self.text.is_char_boundary(from) {
+            from -= 1;
+        }
+        self.text.push_str(piece);
+        let found = self
+            .stops
+            .iter()
+            .filter(|s| !s.is_empty())
+            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
+            .min();
+        if let Some(cut) = found {
+            self.text.truncate(cut);
+            self.finish(emit);
+            return true;
+        }
+        // Hold back a tail that is the beginning of some stop string.
+        let held = (1..=longest.min(self.text.len()))
+            .rev()
+            .filter(|&k| self.text.is_char_boundary(self.text.len() - k))
+            .find(|&k| {
+                let tail = &self.text[self.text.len() - k..];
+                self.stops.iter().any(|s| s.starts_with(tail))
+            })
+            .unwrap_or(0);
+        let safe = (self.text.len() - held).max(self.emitted);
+        if safe > self.emitted {
+            emit(&self.text[self.emitted..safe]);
+            self.emitted = safe;
+        }
+        false
+    }
+
+    /// Emits whatever is still held back.
+    fn finish(&mut self, emit: &mut impl FnMut(&str)) {
+        if self.text.len() > self.emitted {
+            emit(&self.text[self.emitted..]);
+            self.emitted = self.text.len();
+        }
+    }
+
+    fn into_text(self) -> String {
+        self.text
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn run(stops: &[&str], pieces: &[&str]) -> (String, Vec<String>, bool) {
+        let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
+        let mut text = StopText::new(&stops);
+        let mut emitted = Vec::new();
+        let mut stopped = false;
+        for piece in pieces {
+            if text.push(piece, &mut |s: &str| emitted.push(s.to_string())) {
+                stopped = true;
+                break;
+            }
+        }
+        text.finish(&mut |s: &str| emitted.push(s.to_string()));
+        (text.into_text(), emitted, stopped)
+    }
+
+    #[test]
+    fn stop_string_across_pieces_is_cut_and_never_emitted() {
+        let (text, emitted, stopped) = run(&["\n\nUser"], &["Hi", " there", "\n", "\nUs", "er:"]);
+        assert!(stopped);
+        assert_eq!(text, "Hi there");
+        assert_eq!(emitted.concat(), "Hi there");
+    }
+
+    #[test]
+    fn held_back_prefix_is_released_when_it_does_not_match() {
+        let (text, emitted, stopped) = run(&["END"], &["a E", "N", "x 日本"]);
+        assert!(!stopped);
+        assert_eq!(text, "a ENx 日本");
+        assert_eq!(emitted.concat(), text);
+        assert_eq!(emitted[0], "a ");
+    }
+
+    #[test]
+    fn nll_of_uniform_row_is_log_vocab() {
+        let nll = negative_log_likelihood(&[0.0; 8], 3);
+        assert!((nll - 8f64.ln()).abs() < 1e-12);
+    }
+}

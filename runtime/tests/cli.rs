@@ -1,0 +1,140 @@
+//! The `runtime` binary: options, output formats and one-line errors.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn runtime(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_runtime"))
+        .args(args)
+        .output()
+        .unwrap()
+}
+
+fn artifact_dir() -> Option<String> {
+    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../artifacts/smollm2-135m-instruct");
+    if dir.join("model.mpk").exists() {
+        return Some(dir.to_string_lossy().into_owned());
+    }
+    assert!(
+        std::env::var_os("REQUIRE_MODEL").is_none(),
+        "no converted model in {}",
+        dir.display()
+    );
+    None
+}
+
+/// Exit code 1 or 2 (clap's usage errors), one `error:` line naming `expected`, no panic.
+fn assert_one_line_error(out: &Output, expected: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success());
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    let errors: Vec<&str> = stderr.lines().filter(|l| l.starts_with("error:")).collect();
+    assert_eq!(errors.len(), 1, "{stderr}");
+    assert!(
+        errors[0].contains(expected),
+        "{:?} does not name {expected:?}",
+        errors[0]
+    );
+}
+
+#[test]
+fn missing_artifact_is_one_error_line() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_string_lossy().into_owned();
+    let out = runtime(&["--prompt", "hi", "--artifacts", &dir]);
+    assert_one_line_error(&out, "no manifest.json");
+    assert_eq!(out.status.code(), Some(1));
+}
+
+#[test]
+fn invalid_option_values_are_refused() {
+    for (args, expected) in [
+        (vec!["--prompt", "hi", "--top-p", "1.5"], "top-p 1.5"),
+        (vec!["--prompt", "hi", "--temperature=-1"], "temperature -1"),
+        (
+            vec!["--prompt", "hi", "--max-new-tokens", "0"],
+            "max-new-tokens",
+        ),
+        (vec!["--prompt", "hi", "--backend", "gpu"], "gpu"),
+        (vec!["--max-new-tokens", "3"], "--prompt"),
+    ] {
+        assert_one_line_error(&runtime(&args), expected);
+    }
+}
+
+#[test]
+fn json_output_has_every_field() {
+    let Some(dir) = artifact_dir() else { return };
+    let out = runtime(&[
+        "--artifacts",
+        &dir,
+        "--prompt",
+        "What is 2+2?",
+        "--chat",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "8",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["prompt_tokens"], 37); // golden.json's chat prompt ids for this prompt
+    assert_eq!(v["generated_tokens"], v["tokens"].as_array().unwrap().len());
+    assert!(v["text"].is_string());
+    assert!(["eos", "stop", "length"].contains(&v["stop_reason"].as_str().unwrap()));
+    for key in ["load_s", "prefill_tokens_per_s", "decode_tokens_per_s"] {
+        assert!(v["timings"][key].as_f64().unwrap() > 0.0, "{key}");
+    }
+}
+
+#[test]
+fn text_output_streams_and_reports_timings() {
+    let Some(dir) = artifact_dir() else { return };
+    let out = runtime(&[
+        "--artifacts",
+        &dir,
+        "--prompt",
+        "The capital of France is",
+        "--temperature",
+        "0",
+        "--max-new-tokens",
+        "3",
+    ]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), " Paris.\n\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("prompt 5 tokens") && stderr.contains("generated 3 tokens"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn bad_prompts_are_refused() {
+    let Some(dir) = artifact_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let long = tmp.path().join("long.txt");
+    std::fs::write(&long, "word ".repeat(9000)).unwrap();
+    let invalid = tmp.path().join("invalid.txt");
+    std::fs::write(&invalid, b"caf\xe9").unwrap();
+    for (args, expected) in [
+        (vec!["--prompt", ""], "the prompt is empty"),
+        (
+            vec!["--prompt-file", long.to_str().unwrap()],
+            "context holds 8192",
+        ),
+        (
+            vec!["--prompt-file", invalid.to_str().unwrap()],
+            "not valid UTF-8",
+        ),
+    ] {
+        let mut all = vec!["--artifacts", dir.as_str()];
+        all.extend(args);
+        assert_one_line_error(&runtime(&all), expected);
+    }
+}

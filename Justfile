@@ -49,4 +49,4 @@ test:
 # Formatting and lints, as CI runs them
 lint:
     cargo fmt --check
-    cargo clippy --release --workspace --all-targets -- -D warnings
+    cargo clippy --workspace --all-targets -- -D warnings

@@ -172,13 +172,13 @@ impl LlamaConfig {
                 hf.vocab_size
             ));
         }
-        if hf.hidden_size % hf.num_attention_heads != 0 && hf.head_dim.is_none() {
+        if !hf.hidden_size.is_multiple_of(hf.num_attention_heads) && hf.head_dim.is_none() {
             return invalid(format!(
                 "hidden_size {} is not divisible by num_attention_heads {}",
                 hf.hidden_size, hf.num_attention_heads
             ));
         }
-        if hf.num_attention_heads % n_kv_heads != 0 {
+        if !hf.num_attention_heads.is_multiple_of(n_kv_heads) {
             return invalid(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {n_kv_heads}",
                 hf.num_attention_heads
@@ -187,7 +187,7 @@ impl LlamaConfig {
         let head_dim = hf
             .head_dim
             .unwrap_or(hf.hidden_size / hf.num_attention_heads);
-        if head_dim == 0 || head_dim % 2 != 0 || head_dim > MAX_DIM {
+        if head_dim == 0 || !head_dim.is_multiple_of(2) || head_dim > MAX_DIM {
             return invalid(format!("head_dim {head_dim} must be even and non-zero"));
         }
         if let Some(act) = hf.hidden_act.as_deref().filter(|a| *a != "silu") {

@@ -228,10 +228,10 @@ impl<B: Backend> Generator<B> {
             }
             tokens.push(next);
             history.push(next);
-            if let Some(piece) = stream.step(next)? {
-                if text.push(&piece, &mut on_text) {
-                    break StopReason::Stop;
-                }
+            if let Some(piece) = stream.step(next)?
+                && text.push(&piece, &mut on_text)
+            {
+                break StopReason::Stop;
             }
             if tokens.len() == options.max_new_tokens || cache.len() == capacity {
                 break StopReason::Length;

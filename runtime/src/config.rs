@@ -285,7 +285,7 @@ mod tests {
             ("num_attention_heads", 0),
             ("num_attention_heads", 7),
             ("num_key_value_heads", 2),
-            ("vocab_size", 1 << 40),
+            ("vocab_size", 1i64 << 40),
         ] {
             let mut v = smollm();
             v[key] = serde_json::json!(value);

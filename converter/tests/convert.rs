@@ -53,39 +53,33 @@ fn roundtrip(spec: Spec) {
         values_of(model.embed_tokens.weight.val()),
         (vec![VOCAB, HIDDEN], embed.clone())
     );
-    // lm_head is [hidden, vocab]: the embedding (tied) or lm_head.weight, transposed.
+    // A Linear weight is the checkpoint's [out, in] tensor transposed to [in, out].
+    let assert_linear = |weight: Tensor<FlexBackend, 2>, hf_name: &str, out_dim, in_dim| {
+        let source = values(hf_name, out_dim * in_dim, spec.dtype);
+        let expected = (vec![in_dim, out_dim], transposed(&source, out_dim, in_dim));
+        assert_eq!(values_of(weight), expected, "{hf_name}");
+    };
+    // Tied: lm_head is the embedding.
     let head_source = if spec.tied {
         "model.embed_tokens.weight"
     } else {
         "lm_head.weight"
     };
-    let head = transposed(
-        &values(head_source, VOCAB * HIDDEN, spec.dtype),
-        VOCAB,
+    assert_linear(model.lm_head.weight.val(), head_source, VOCAB, HIDDEN);
+    let layer = &model.layers[1];
+    let k_proj = layer.self_attn.k_proj.weight.val();
+    assert_linear(
+        k_proj,
+        "model.layers.1.self_attn.k_proj.weight",
+        HEAD_DIM,
         HIDDEN,
     );
-    assert_eq!(
-        values_of(model.lm_head.weight.val()),
-        (vec![HIDDEN, VOCAB], head)
-    );
-    let layer = &model.layers[1];
-    let k = values(
-        "model.layers.1.self_attn.k_proj.weight",
-        HEAD_DIM * HIDDEN,
-        spec.dtype,
-    );
-    assert_eq!(
-        values_of(layer.self_attn.k_proj.weight.val()),
-        (vec![HIDDEN, HEAD_DIM], transposed(&k, HEAD_DIM, HIDDEN))
-    );
-    let down = values(
+    let down_proj = layer.mlp.down_proj.weight.val();
+    assert_linear(
+        down_proj,
         "model.layers.1.mlp.down_proj.weight",
-        HIDDEN * FFN,
-        spec.dtype,
-    );
-    assert_eq!(
-        values_of(layer.mlp.down_proj.weight.val()),
-        (vec![FFN, HIDDEN], transposed(&down, HIDDEN, FFN))
+        HIDDEN,
+        FFN,
     );
     let gamma = values(
         "model.layers.1.post_attention_layernorm.weight",

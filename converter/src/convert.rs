@@ -15,7 +15,7 @@ use burn::tensor::{Tensor, TensorData};
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::artifact::{
     self, ArtifactRecorder, CONFIG_FILE, FORMAT_VERSION, FileDigest, GENERATION_CONFIG_FILE,
-    MANIFEST_FILE, MODEL_FILE, Manifest, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+    MANIFEST_FILE, MODEL_FILE, Manifest, PROBE_TEXT, Probe, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
 use runtime::config::{HfConfig, LlamaConfig};
 use runtime::model::Llama;
@@ -25,7 +25,6 @@ use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;
 use crate::names::{self, Transform};
-use crate::probe;
 use crate::staging::{Staging, finish};
 
 /// The converter only holds tensors; any backend would do.
@@ -82,7 +81,7 @@ pub fn convert(src: &Path, out: &Path) -> Result<Manifest> {
         converter: format!("converter {}", env!("CARGO_PKG_VERSION")),
         source: digests(src, source_files)?,
         files: digests(&staging.path(""), artifact_files.iter().cloned())?,
-        probe: probe::probe(&staging.path(TOKENIZER_FILE))?,
+        probe: Probe::compute(&staging.path(""), PROBE_TEXT)?,
     };
     staging.commit_into(out, &artifact_files, (MANIFEST_FILE, &manifest.to_json()))?;
     Ok(manifest)
@@ -301,7 +300,7 @@ pub fn verify(out: &Path, src: Option<&Path>) -> Result<Vec<String>> {
         check(src, &manifest.source, "source");
     }
     let tokenizer = out.join(TOKENIZER_FILE);
-    match probe::probe_with_text(&tokenizer, &manifest.probe.text) {
+    match Probe::compute(out, &manifest.probe.text) {
         Ok(probe) if probe.token_ids != manifest.probe.token_ids => problems.push(format!(
             "{}: probe text tokenizes to {:?}, manifest says {:?}",
             tokenizer.display(),
@@ -309,7 +308,7 @@ pub fn verify(out: &Path, src: Option<&Path>) -> Result<Vec<String>> {
             manifest.probe.token_ids
         )),
         Ok(_) => {}
-        Err(e) => problems.push(format!("{e:#}")),
+        Err(e) => problems.push(format!("tokenizer probe: {e}")),
     }
     Ok(problems)
 }

@@ -6,7 +6,6 @@ mod gguf;
 mod import;
 mod mmap;
 mod names;
-mod probe;
 mod staging;
 
 use std::path::PathBuf;

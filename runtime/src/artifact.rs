@@ -17,6 +17,7 @@ use sha2::{Digest, Sha256};
 use crate::config::{ConfigError, LlamaConfig};
 use crate::model::Llama;
 use crate::params::param_shapes;
+use crate::tokenizer::{Tokenizer, TokenizerError};
 
 /// The Burn record of the model's parameters.
 pub const MODEL_FILE: &str = "model.mpk";
@@ -73,12 +74,28 @@ pub struct FileDigest {
     pub bytes: u64,
 }
 
+/// The text of the manifest's tokenizer probe: it touches the tricky parts (digits split
+/// one by one, CJK, emoji, code, a special token).
+pub const PROBE_TEXT: &str =
+    "Hello, world! 12345 日本語 🦀 fn main() { println!(\"hi\"); } <|im_start|>user";
+
 /// Token ids of a fixed text, so a changed tokenizer shows up as a manifest difference.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Probe {
     pub text: String,
     pub token_ids: Vec<u32>,
+}
+
+impl Probe {
+    /// Tokenizes `text` with the tokenizer files in `dir`, exactly as the runtime encodes a
+    /// prompt.
+    pub fn compute(dir: &Path, text: &str) -> Result<Self, TokenizerError> {
+        Ok(Self {
+            text: text.to_string(),
+            token_ids: Tokenizer::from_dir(dir)?.encode(text)?,
+        })
+    }
 }
 
 /// `manifest.json`: what was converted, by which converter, into which files.

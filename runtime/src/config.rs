@@ -56,47 +56,32 @@ impl TokenIds {
 pub struct HfConfig {
     #[serde(default)]
     pub architectures: Vec<String>,
-    #[serde(default)]
     pub model_type: Option<String>,
     pub hidden_size: usize,
     pub intermediate_size: usize,
     pub num_hidden_layers: usize,
     pub num_attention_heads: usize,
-    #[serde(default)]
     pub num_key_value_heads: Option<usize>,
-    #[serde(default)]
     pub head_dim: Option<usize>,
     pub vocab_size: usize,
-    #[serde(default)]
     pub rms_norm_eps: Option<f64>,
-    #[serde(default)]
     pub rope_theta: Option<f64>,
-    #[serde(default)]
     pub rope_scaling: Option<serde_json::Value>,
     /// transformers ≥ 5 writes `rope_theta` here instead of at the top level.
-    #[serde(default)]
     pub rope_parameters: Option<RopeParameters>,
     pub max_position_embeddings: usize,
-    #[serde(default)]
     pub tie_word_embeddings: Option<bool>,
-    #[serde(default)]
     pub hidden_act: Option<String>,
-    #[serde(default)]
     pub attention_bias: Option<bool>,
-    #[serde(default)]
     pub mlp_bias: Option<bool>,
-    #[serde(default)]
     pub bos_token_id: Option<u32>,
-    #[serde(default)]
     pub eos_token_id: Option<TokenIds>,
 }
 
 /// `rope_parameters` of transformers ≥ 5 configs.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct RopeParameters {
-    #[serde(default)]
     pub rope_theta: Option<f64>,
-    #[serde(default)]
     pub rope_type: Option<String>,
 }
 

@@ -36,6 +36,8 @@ pub enum GenerateError {
     ContextFull { tokens: usize, capacity: usize },
     #[error("perplexity needs at least 2 tokens, the text has {0}")]
     TextTooShort(usize),
+    #[error("{GENERATION_CONFIG_FILE} is not valid: {0}")]
+    GenerationConfig(serde_json::Error),
     #[error("{0}")]
     Backend(String),
 }
@@ -111,8 +113,8 @@ impl<B: Backend> Generator<B> {
         let mut eos_ids = config.eos_token_ids.clone();
         // generation_config.json may name more end tokens than config.json.
         if let Ok(text) = std::fs::read_to_string(dir.join(GENERATION_CONFIG_FILE)) {
-            let generation: GenerationConfig = serde_json::from_str(&text)
-                .map_err(|e| GenerateError::Backend(format!("{GENERATION_CONFIG_FILE}: {e}")))?;
+            let generation: GenerationConfig =
+                serde_json::from_str(&text).map_err(GenerateError::GenerationConfig)?;
             eos_ids.extend(
                 generation
                     .eos_token_id

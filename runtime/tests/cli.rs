@@ -23,6 +23,14 @@ fn artifact_dir() -> Option<String> {
     None
 }
 
+/// A greedy run of `prompt` on the real artifact, with `extra` options.
+fn greedy(dir: &str, prompt: &str, max_new_tokens: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["--artifacts", dir, "--prompt", prompt, "--temperature", "0"];
+    args.extend(["--max-new-tokens", max_new_tokens]);
+    args.extend(extra);
+    runtime(&args)
+}
+
 /// Exit code 1 or 2 (clap's usage errors), one `error:` line naming `expected`, no panic.
 fn assert_one_line_error(out: &Output, expected: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -65,18 +73,7 @@ fn invalid_option_values_are_refused() {
 #[test]
 fn json_output_has_every_field() {
     let Some(dir) = artifact_dir() else { return };
-    let out = runtime(&[
-        "--artifacts",
-        &dir,
-        "--prompt",
-        "What is 2+2?",
-        "--chat",
-        "--temperature",
-        "0",
-        "--max-new-tokens",
-        "8",
-        "--json",
-    ]);
+    let out = greedy(&dir, "What is 2+2?", "8", &["--chat", "--json"]);
     assert!(
         out.status.success(),
         "{}",
@@ -95,16 +92,7 @@ fn json_output_has_every_field() {
 #[test]
 fn text_output_streams_and_reports_timings() {
     let Some(dir) = artifact_dir() else { return };
-    let out = runtime(&[
-        "--artifacts",
-        &dir,
-        "--prompt",
-        "The capital of France is",
-        "--temperature",
-        "0",
-        "--max-new-tokens",
-        "3",
-    ]);
+    let out = greedy(&dir, "The capital of France is", "3", &[]);
     assert!(out.status.success());
     assert_eq!(String::from_utf8_lossy(&out.stdout), " Paris.\n\n");
     let stderr = String::from_utf8_lossy(&out.stderr);

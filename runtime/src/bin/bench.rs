@@ -16,7 +16,7 @@ use clap::Parser;
 use runtime::generate::Generator;
 use runtime::params::param_shapes;
 use runtime::sampling::argmax;
-use runtime::{FlexBackend, NdArrayBackend};
+use runtime::{BackendKind, FlexBackend, NdArrayBackend};
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser)]
@@ -26,8 +26,13 @@ struct Cli {
     #[arg(long, default_value = "artifacts/smollm2-135m-instruct")]
     artifacts: PathBuf,
     /// Backends to measure (comma-separated).
-    #[arg(long, value_delimiter = ',', default_value = "flex,ndarray")]
-    backends: Vec<String>,
+    #[arg(
+        long,
+        value_enum,
+        value_delimiter = ',',
+        default_value = "flex,ndarray"
+    )]
+    backends: Vec<BackendKind>,
     /// Thread counts to measure (comma-separated; default: the number of cores).
     #[arg(long, value_delimiter = ',')]
     threads: Vec<usize>,
@@ -57,14 +62,11 @@ fn main() -> Result<()> {
     if cli.child {
         let backend = cli.backends.first().context("--child needs one backend")?;
         if let Some(n) = threads {
-            rayon::ThreadPoolBuilder::new()
-                .num_threads(n)
-                .build_global()?;
+            runtime::set_threads(n)?;
         }
-        let sample = match backend.as_str() {
-            "flex" => measure::<FlexBackend>(&cli, started)?,
-            "ndarray" => measure::<NdArrayBackend>(&cli, started)?,
-            other => bail!("unknown backend {other:?} (flex, ndarray)"),
+        let sample = match backend {
+            BackendKind::Flex => measure::<FlexBackend>(&cli, started)?,
+            BackendKind::Ndarray => measure::<NdArrayBackend>(&cli, started)?,
         };
         println!("{}", serde_json::to_string(&sample)?);
         return Ok(());
@@ -143,10 +145,10 @@ fn parent(cli: &Cli) -> Result<()> {
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mut json_lines = Vec::new();
-    for backend in &cli.backends {
+    for backend in cli.backends.iter().map(|b| b.name()) {
         for &threads in &thread_counts {
             let samples = (0..cli.runs)
-                .map(|_| child(cli, backend, threads))
+                .map(|_| child(cli, &backend, threads))
                 .collect::<Result<Vec<_>>>()?;
             let med = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
             let bound = bandwidth * 1e9 / samples[0].weight_bytes_per_token as f64;

@@ -8,11 +8,11 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use burn::tensor::backend::Backend;
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, Parser, Subcommand};
 use runtime::generate::{GenerateOptions, Generation, Generator};
 use runtime::sampling::SamplingParams;
 use runtime::tokenizer::Tokenizer;
-use runtime::{FlexBackend, NdArrayBackend};
+use runtime::{BackendKind, FlexBackend, NdArrayBackend};
 use serde_json::json;
 
 #[derive(Parser)]
@@ -48,14 +48,6 @@ struct CommonArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
-}
-
-#[derive(Clone, Copy, ValueEnum)]
-enum BackendKind {
-    /// burn-flex: gemm-based, the fast one.
-    Flex,
-    /// burn-ndarray: the legacy backend.
-    Ndarray,
 }
 
 #[derive(Args)]
@@ -133,10 +125,7 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
         None => &cli.generate.common,
     };
     if let Some(threads) = common.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(threads.into())
-            .build_global()
-            .context("cannot start the thread pool")?;
+        runtime::set_threads(threads.into()).context("cannot start the thread pool")?;
     }
     match common.backend {
         BackendKind::Flex => run_on::<FlexBackend>(&cli, started),

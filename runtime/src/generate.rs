@@ -37,7 +37,7 @@ pub enum GenerateError {
     #[error("perplexity needs at least 2 tokens, the text has {0}")]
     TextTooShort(usize),
     #[error("{GENERATION_CONFIG_FILE} is not valid: {0}")]
-    GenerationConfig(serde_json::Error),
+    GenerationConfig(String),
     #[error("{0}")]
     Backend(String),
 }
@@ -111,16 +111,20 @@ impl<B: Backend> Generator<B> {
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self, GenerateError> {
         let (model, config) = artifact::load_model::<B>(dir, device)?;
         let mut eos_ids = config.eos_token_ids.clone();
-        // generation_config.json may name more end tokens than config.json.
-        if let Ok(text) = std::fs::read_to_string(dir.join(GENERATION_CONFIG_FILE)) {
-            let generation: GenerationConfig =
-                serde_json::from_str(&text).map_err(GenerateError::GenerationConfig)?;
-            eos_ids.extend(
-                generation
-                    .eos_token_id
-                    .map(|ids| ids.to_vec())
-                    .unwrap_or_default(),
-            );
+        // generation_config.json is optional; when present it may name more end tokens.
+        match std::fs::read_to_string(dir.join(GENERATION_CONFIG_FILE)) {
+            Ok(text) => {
+                let generation: GenerationConfig = serde_json::from_str(&text)
+                    .map_err(|e| GenerateError::GenerationConfig(e.to_string()))?;
+                eos_ids.extend(
+                    generation
+                        .eos_token_id
+                        .map(|ids| ids.to_vec())
+                        .unwrap_or_default(),
+                );
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(GenerateError::GenerationConfig(e.to_string())),
         }
         eos_ids.sort_unstable();
         eos_ids.dedup();

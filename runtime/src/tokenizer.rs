@@ -69,7 +69,14 @@ impl Tokenizer {
                 path: config_path.display().to_string(),
                 message: e.to_string(),
             })?,
-            Err(_) => TokenizerConfig::default(),
+            // Optional: without it there is no chat template.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => TokenizerConfig::default(),
+            Err(e) => {
+                return Err(TokenizerError::Config {
+                    path: config_path.display().to_string(),
+                    message: e.to_string(),
+                });
+            }
         };
         let text =
             |t: &Option<SpecialToken>| t.as_ref().map(|t| t.text().to_string()).unwrap_or_default();
@@ -154,10 +161,6 @@ impl Tokenizer {
         TextStream {
             inner: self.inner.decode_stream(true),
         }
-    }
-
-    pub fn vocab_size(&self) -> usize {
-        self.inner.get_vocab_size(true)
     }
 }
 

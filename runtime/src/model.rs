@@ -181,7 +181,12 @@ impl<B: Backend> Llama<B> {
         let [_, seq] = tokens.dims();
         let start = cache.len();
         let mut x = self.embed_tokens.forward(tokens); // [batch, seq, hidden]
-        let mask = (seq > 1).then(|| causal_mask(seq, start, &x.device()));
+        // Every layer has the same head grouping, so the mask is built once per call.
+        let group = self
+            .layers
+            .first()
+            .map_or(1, |l| l.self_attn.n_heads / l.self_attn.n_kv_heads);
+        let mask = (seq > 1).then(|| causal_mask(seq, start, group, &x.device()));
         for (layer, layer_cache) in self.layers.iter().zip(cache.layers_mut()) {
             x = layer.forward(x, layer_cache, rope, start, mask.as_ref());
         }
@@ -214,7 +219,7 @@ impl<B: Backend> DecoderLayer<B> {
 
 impl<B: Backend> Attention<B> {
     /// # Shapes
-    /// - x: `[batch, seq, hidden]`; mask: `[seq, start + seq]` (additive, 0 or -inf)
+    /// - x: `[batch, seq, hidden]`; mask: `[group * seq, start + seq]` (additive, 0 or -inf)
     /// - output: `[batch, seq, hidden]`
     fn forward(
         &self,
@@ -239,8 +244,7 @@ impl<B: Backend> Attention<B> {
         let q = q.reshape([batch, n_kv, group * seq, hd]);
         let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hd as f64).sqrt()); // [b, kv, group*seq, total]
         let scores = match mask {
-            // Rows are (group, position) pairs: repeat the [seq, total] mask per group.
-            Some(mask) => scores + mask.clone().repeat_dim(0, group).unsqueeze::<4>(),
+            Some(mask) => scores + mask.clone().unsqueeze::<4>(),
             None => scores,
         };
         let out = softmax(scores, 3).matmul(v); // [b, kv, group*seq, hd]
@@ -259,12 +263,19 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-/// Additive causal mask `[seq, start + seq]`: query `i` (at position `start + i`) sees keys
-/// `0..=start + i`.
-fn causal_mask<B: Backend>(seq: usize, start: usize, device: &B::Device) -> Tensor<B, 2> {
+/// Additive causal mask `[group * seq, start + seq]` for the grouped score rows: row
+/// `g * seq + i` is query `i` (at position `start + i`) of any head in a group, and sees
+/// keys `0..=start + i`.
+fn causal_mask<B: Backend>(
+    seq: usize,
+    start: usize,
+    group: usize,
+    device: &B::Device,
+) -> Tensor<B, 2> {
     let total = start + seq;
-    let values: Vec<f32> = (0..seq)
-        .flat_map(|i| {
+    let values: Vec<f32> = (0..group * seq)
+        .flat_map(|row| {
+            let i = row % seq;
             (0..total).map(move |j| {
                 if j > start + i {
                     f32::NEG_INFINITY
@@ -274,5 +285,5 @@ fn causal_mask<B: Backend>(seq: usize, start: usize, device: &B::Device) -> Tens
             })
         })
         .collect();
-    Tensor::from_data(TensorData::new(values, [seq, total]), device)
+    Tensor::from_data(TensorData::new(values, [group * seq, total]), device)
 }

@@ -42,3 +42,21 @@ pub fn set_threads(threads: usize) -> Result<(), rayon::ThreadPoolBuildError> {
         .num_threads(threads)
         .build_global()
 }
+
+/// Tells glibc's allocator to keep freed memory instead of returning it to the kernel.
+///
+/// A forward pass allocates and frees multi-megabyte temporaries (attention scores,
+/// activations) in every layer. By default glibc serves each from a fresh `mmap` and unmaps it
+/// on free, so every layer pays page faults and page zeroing for the same sizes again; in a
+/// 512-token prefill that was a fifth of the time. Keeping the memory costs nothing extra in
+/// peak RSS: the same sizes are reused. Call it first thing in `main`. A no-op off glibc.
+pub fn keep_freed_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only changes allocator thresholds; called before other threads start.
+    unsafe {
+        // Serve blocks up to 32 MiB (glibc's cap) from the heap, where freed memory is
+        // reused; the per-layer temporaries are at most ~10 MB. Never trim the heap's top.
+        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
+        libc::mallopt(libc::M_TRIM_THRESHOLD, i32::MAX);
+    }
+}

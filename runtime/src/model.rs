@@ -105,17 +105,28 @@ impl LlamaConfig {
     }
 }
 
-/// Rotary position embedding tables, in Hugging Face's `rotate_half` layout: each head's
-/// first half of dimensions pairs with its second half (not adjacent pairs, as Burn's
-/// `RotaryEncoding` assumes), so checkpoints are used with their q/k rows as published.
-/// See transformers' `modeling_llama.apply_rotary_pos_emb`.
+/// Rotary position embedding in Hugging Face's `rotate_half` layout: each head's first half
+/// of dimensions pairs with its second half (not adjacent pairs, as Burn's `RotaryEncoding`
+/// assumes), so checkpoints are used with their q/k rows as published.
+/// See transformers' `modeling_llama.apply_rotary_pos_emb`: `x * cos + rotate_half(x) * sin`.
 #[derive(Debug, Clone)]
 pub struct Rope<B: Backend> {
     /// `[max_positions, head_dim]`: `cos(pos * inv_freq)`, the half repeated.
     cos: Tensor<B, 2>,
-    /// `[max_positions, head_dim]`: `sin(pos * inv_freq)` with the first half negated, so
-    /// that `rotate_half(x) * sin == swap_halves(x) * signed_sin`.
-    signed_sin: Tensor<B, 2>,
+    /// `[max_positions, head_dim]`: `sin(pos * inv_freq)`, the half repeated.
+    sin: Tensor<B, 2>,
+    /// `[head_dim, head_dim]`: `x.matmul(rotate_half) == rotate_half(x)`. A ±1 permutation,
+    /// so the product is exact; as one matmul on contiguous rows it is far cheaper than
+    /// slicing and concatenating strided halves.
+    rotate_half: Tensor<B, 2>,
+    head_dim: usize,
+}
+
+/// The rotation tables of one forward call, laid out like a projection's output
+/// (`[1, seq, heads * head_dim]`) so the element-wise products run on contiguous data.
+struct RopeRows<B: Backend> {
+    cos: Tensor<B, 3>,
+    sin: Tensor<B, 3>,
 }
 
 impl<B: Backend> Rope<B> {
@@ -128,40 +139,61 @@ impl<B: Backend> Rope<B> {
             .map(|i| 1.0 / theta.powf((2 * i) as f32 / dim as f32))
             .collect();
         let mut cos = Vec::with_capacity(max_positions * dim);
-        let mut signed_sin = Vec::with_capacity(max_positions * dim);
+        let mut sin = Vec::with_capacity(max_positions * dim);
         for pos in 0..max_positions {
             let angles: Vec<f32> = inv_freq.iter().map(|f| pos as f32 * f).collect();
             cos.extend(angles.iter().chain(&angles).map(|a| a.cos()));
-            signed_sin.extend(angles.iter().map(|a| -a.sin()));
-            signed_sin.extend(angles.iter().map(|a| a.sin()));
+            sin.extend(angles.iter().chain(&angles).map(|a| a.sin()));
         }
-        let table =
-            |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [max_positions, dim]), device);
+        // rotate_half(x) = cat(-x[half..], x[..half]): output j < half takes -x[j + half],
+        // output j >= half takes x[j - half].
+        let mut rotate_half = vec![0.0f32; dim * dim];
+        for j in 0..half {
+            rotate_half[(j + half) * dim + j] = -1.0;
+            rotate_half[j * dim + j + half] = 1.0;
+        }
+        let table = |v: Vec<f32>, rows| Tensor::from_data(TensorData::new(v, [rows, dim]), device);
         Self {
-            cos: table(cos),
-            signed_sin: table(signed_sin),
+            cos: table(cos, max_positions),
+            sin: table(sin, max_positions),
+            rotate_half: table(rotate_half, dim),
+            head_dim: dim,
         }
     }
 
-    /// Rotates `x: [batch, heads, seq, head_dim]` whose first position is `start`.
-    fn apply(&self, x: Tensor<B, 4>, start: usize) -> Tensor<B, 4> {
-        let [_, _, seq, dim] = x.dims();
-        let half = dim / 2;
-        let cos = self.cos.clone().narrow(0, start, seq).unsqueeze::<4>(); // [1, 1, seq, dim]
-        let sin = self
-            .signed_sin
-            .clone()
-            .narrow(0, start, seq)
-            .unsqueeze::<4>();
-        let swapped = Tensor::cat(
-            vec![
-                x.clone().narrow(3, half, half),
-                x.clone().narrow(3, 0, half),
-            ],
-            3,
-        );
-        x * cos + swapped * sin
+    /// Tables for positions `start..start + seq`, repeated for `heads` heads.
+    fn rows(&self, start: usize, seq: usize, heads: usize) -> RopeRows<B> {
+        let rows = |t: &Tensor<B, 2>| {
+            t.clone()
+                .narrow(0, start, seq)
+                .repeat_dim(1, heads)
+                .unsqueeze::<3>()
+        };
+        RopeRows {
+            cos: rows(&self.cos),
+            sin: rows(&self.sin),
+        }
     }
+
+    /// Rotates a projection's output `x: [batch, seq, heads * head_dim]`.
+    fn apply(&self, x: Tensor<B, 3>, rows: &RopeRows<B>) -> Tensor<B, 3> {
+        let [batch, seq, width] = x.dims();
+        let rotated = x
+            .clone()
+            .reshape([batch * seq * width / self.head_dim, self.head_dim])
+            .matmul(self.rotate_half.clone())
+            .reshape([batch, seq, width]);
+        x * rows.cos.clone() + rotated * rows.sin.clone()
+    }
+}
+
+/// What every layer of one forward call shares: rotation tables for the query and key
+/// projections and, when several positions go in at once, the causal mask.
+struct Step<B: Backend> {
+    q_rope: RopeRows<B>,
+    k_rope: RopeRows<B>,
+    /// `[1, n_kv, group * seq, start + seq]`, additive (0 or -inf).
+    mask: Option<Tensor<B, 4>>,
 }
 
 impl<B: Backend> Llama<B> {
@@ -181,14 +213,18 @@ impl<B: Backend> Llama<B> {
         let [_, seq] = tokens.dims();
         let start = cache.len();
         let mut x = self.embed_tokens.forward(tokens); // [batch, seq, hidden]
-        // Every layer has the same head grouping, so the mask is built once per call.
-        let group = self
+        // Every layer has the same head layout, so the tables and mask are built once per call.
+        let (n_heads, n_kv) = self
             .layers
             .first()
-            .map_or(1, |l| l.self_attn.n_heads / l.self_attn.n_kv_heads);
-        let mask = (seq > 1).then(|| causal_mask(seq, start, group, &x.device()));
+            .map_or((1, 1), |l| (l.self_attn.n_heads, l.self_attn.n_kv_heads));
+        let step = Step {
+            q_rope: rope.rows(start, seq, n_heads),
+            k_rope: rope.rows(start, seq, n_kv),
+            mask: (seq > 1).then(|| causal_mask(seq, start, n_kv, n_heads / n_kv, &x.device())),
+        };
         for (layer, layer_cache) in self.layers.iter().zip(cache.layers_mut()) {
-            x = layer.forward(x, layer_cache, rope, start, mask.as_ref());
+            x = layer.forward(x, layer_cache, rope, &step);
         }
         cache.advance(seq);
         self.norm.forward(x)
@@ -206,48 +242,50 @@ impl<B: Backend> DecoderLayer<B> {
         x: Tensor<B, 3>,
         cache: &mut LayerCache<B>,
         rope: &Rope<B>,
-        start: usize,
-        mask: Option<&Tensor<B, 2>>,
+        step: &Step<B>,
     ) -> Tensor<B, 3> {
         let h = x.clone()
             + self
                 .self_attn
-                .forward(self.input_layernorm.forward(x), cache, rope, start, mask);
+                .forward(self.input_layernorm.forward(x), cache, rope, step);
         h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
     }
 }
 
 impl<B: Backend> Attention<B> {
     /// # Shapes
-    /// - x: `[batch, seq, hidden]`; mask: `[group * seq, start + seq]` (additive, 0 or -inf)
+    /// - x: `[batch, seq, hidden]`
     /// - output: `[batch, seq, hidden]`
     fn forward(
         &self,
         x: Tensor<B, 3>,
         cache: &mut LayerCache<B>,
         rope: &Rope<B>,
-        start: usize,
-        mask: Option<&Tensor<B, 2>>,
+        step: &Step<B>,
     ) -> Tensor<B, 3> {
         let [batch, seq, _] = x.dims();
         let (n_heads, n_kv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
         let group = n_heads / n_kv;
 
+        // Rotate while each projection is still one contiguous [batch, seq, heads * hd] block.
+        // The score scale goes on q (1/8 for hd = 64, a power of two, so this is exact).
+        let scale = 1.0 / (hd as f64).sqrt();
+        let q = rope.apply(self.q_proj.forward(x.clone()), &step.q_rope) * scale;
+        let k = rope.apply(self.k_proj.forward(x.clone()), &step.k_rope);
+        let v = self.v_proj.forward(x);
+
         let heads = |t: Tensor<B, 3>, n| t.reshape([batch, seq, n, hd]).swap_dims(1, 2);
-        let q = rope.apply(heads(self.q_proj.forward(x.clone()), n_heads), start); // [b, h, seq, hd]
-        let k = rope.apply(heads(self.k_proj.forward(x.clone()), n_kv), start); // [b, kv, seq, hd]
-        let v = heads(self.v_proj.forward(x), n_kv);
-        let (k, v) = cache.append(k, v); // [b, kv, start + seq, hd]
+        let (k, v) = cache.append(heads(k, n_kv), heads(v, n_kv)); // [b, kv, start + seq, hd]
 
         // Query heads h = kv * group + g share key/value head kv (transformers' repeat_kv),
         // so fold each group into the row axis instead of copying keys and values per head.
-        let q = q.reshape([batch, n_kv, group * seq, hd]);
-        let scores = q.matmul(k.swap_dims(2, 3)) * (1.0 / (hd as f64).sqrt()); // [b, kv, group*seq, total]
-        let scores = match mask {
-            Some(mask) => scores + mask.clone().unsqueeze::<4>(),
+        let q = heads(q, n_heads).reshape([batch, n_kv, group * seq, hd]);
+        let scores = q.matmul(k.swap_dims(2, 3)); // [b, kv, group * seq, start + seq]
+        let scores = match &step.mask {
+            Some(mask) => scores + mask.clone(),
             None => scores,
         };
-        let out = softmax(scores, 3).matmul(v); // [b, kv, group*seq, hd]
+        let out = softmax(scores, 3).matmul(v); // [b, kv, group * seq, hd]
         let out = out
             .reshape([batch, n_heads, seq, hd])
             .swap_dims(1, 2)
@@ -263,17 +301,19 @@ impl<B: Backend> Mlp<B> {
     }
 }
 
-/// Additive causal mask `[group * seq, start + seq]` for the grouped score rows: row
-/// `g * seq + i` is query `i` (at position `start + i`) of any head in a group, and sees
-/// keys `0..=start + i`.
+/// Additive causal mask `[1, n_kv, group * seq, start + seq]` for the grouped score rows:
+/// row `g * seq + i` is query `i` (at position `start + i`) of any head in a group, and sees
+/// keys `0..=start + i`. Built at the scores' full shape, because adding a tensor that is
+/// broadcast along rows takes burn-flex's slow strided path (a sixth of a 512-token prefill).
 fn causal_mask<B: Backend>(
     seq: usize,
     start: usize,
+    n_kv: usize,
     group: usize,
     device: &B::Device,
-) -> Tensor<B, 2> {
+) -> Tensor<B, 4> {
     let total = start + seq;
-    let values: Vec<f32> = (0..group * seq)
+    let one_kv_head: Vec<f32> = (0..group * seq)
         .flat_map(|row| {
             let i = row % seq;
             (0..total).map(move |j| {
@@ -285,5 +325,9 @@ fn causal_mask<B: Backend>(
             })
         })
         .collect();
-    Tensor::from_data(TensorData::new(values, [group * seq, total]), device)
+    let values = one_kv_head.repeat(n_kv);
+    Tensor::from_data(
+        TensorData::new(values, [1, n_kv, group * seq, total]),
+        device,
+    )
 }

@@ -57,6 +57,7 @@ struct Sample {
 
 fn main() -> Result<()> {
     let started = Instant::now();
+    runtime::keep_freed_memory();
     let cli = Cli::parse();
     let threads = cli.threads.first().copied();
     if cli.child {

@@ -109,6 +109,7 @@ struct PerplexityArgs {
 
 fn main() -> ExitCode {
     let started = Instant::now();
+    runtime::keep_freed_memory();
     let cli = Cli::parse();
     match run(cli, started) {
         Ok(()) => ExitCode::SUCCESS,

@@ -35,12 +35,20 @@ impl BackendKind {
     }
 }
 
-/// Sizes the worker pool that both backends' parallel kernels run on (rayon's global pool).
-/// Call it once, before any tensor work.
-pub fn set_threads(threads: usize) -> Result<(), rayon::ThreadPoolBuildError> {
-    rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build_global()
+/// Runs `work` on a worker of a pool of `threads` threads (default: one per core), the
+/// pool that both backends' parallel kernels and the model's split projections then use.
+///
+/// Running the model *inside* the pool matters: a parallel operation started from a thread
+/// outside it hands its job over and sleeps until the pool is done, two context switches per
+/// operation, hundreds of times per decoded token. From a worker it is a cheap fork-join.
+pub fn in_thread_pool<R: Send>(
+    threads: Option<usize>,
+    work: impl FnOnce() -> R + Send,
+) -> Result<R, rayon::ThreadPoolBuildError> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.unwrap_or(0))
+        .build()?;
+    Ok(pool.install(work))
 }
 
 /// Tells glibc's allocator to keep freed memory instead of returning it to the kernel.

@@ -62,13 +62,10 @@ fn main() -> Result<()> {
     let threads = cli.threads.first().copied();
     if cli.child {
         let backend = cli.backends.first().context("--child needs one backend")?;
-        if let Some(n) = threads {
-            runtime::set_threads(n)?;
-        }
-        let sample = match backend {
-            BackendKind::Flex => measure::<FlexBackend>(&cli, started)?,
-            BackendKind::Ndarray => measure::<NdArrayBackend>(&cli, started)?,
-        };
+        let sample = runtime::in_thread_pool(threads, || match backend {
+            BackendKind::Flex => measure::<FlexBackend>(&cli, started),
+            BackendKind::Ndarray => measure::<NdArrayBackend>(&cli, started),
+        })??;
         println!("{}", serde_json::to_string(&sample)?);
         return Ok(());
     }

@@ -125,13 +125,12 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
         Some(Command::Perplexity(args)) => &args.common,
         None => &cli.generate.common,
     };
-    if let Some(threads) = common.threads {
-        runtime::set_threads(threads.into()).context("cannot start the thread pool")?;
-    }
-    match common.backend {
+    let threads = common.threads.map(usize::from);
+    runtime::in_thread_pool(threads, || match common.backend {
         BackendKind::Flex => run_on::<FlexBackend>(&cli, started),
         BackendKind::Ndarray => run_on::<NdArrayBackend>(&cli, started),
-    }
+    })
+    .context("cannot start the thread pool")?
 }
 
 fn run_on<B: Backend>(cli: &Cli, started: Instant) -> Result<()> {

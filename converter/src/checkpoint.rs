@@ -73,18 +73,10 @@ impl Checkpoint {
         for (shard, name) in shard_names.iter().enumerate() {
             let path = dir.join(name);
             let file = MappedFile::open(&path)?;
-            let (header_len, metadata) = SafeTensors::read_metadata(file.bytes()).map_err(|e| {
+            let header = read_header(file.bytes(), shard).map_err(|e| {
                 anyhow::anyhow!("{}: invalid safetensors file: {e}", path.display())
             })?;
-            let data_start = 8 + header_len;
-            for (tensor, info) in metadata.tensors() {
-                let meta = TensorMeta {
-                    dtype: info.dtype,
-                    shape: info.shape.clone(),
-                    shard,
-                    start: data_start + info.data_offsets.0,
-                    end: data_start + info.data_offsets.1,
-                };
+            for (tensor, meta) in header {
                 if tensors.insert(tensor.clone(), meta).is_some() {
                     bail!("tensor {tensor} appears in more than one shard");
                 }
@@ -113,23 +105,53 @@ impl Checkpoint {
             .tensors
             .get(name)
             .with_context(|| format!("tensor {name} is missing"))?;
-        let bytes = &self.shards[meta.shard].bytes()[meta.start..meta.end];
-        Ok(match meta.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-                .collect(),
-            other => {
-                bail!("tensor {name} has unsupported dtype {other:?} (supported: F32, BF16, F16)")
-            }
-        })
+        decode_f32(name, meta, self.shards[meta.shard].bytes())
     }
+}
+
+/// The tensors of one safetensors file `bytes` (shard number `shard`), with absolute byte
+/// ranges. The safetensors crate checks the header against the file: its length, the JSON,
+/// and that offsets are contiguous, in range and agree with dtype × shape.
+pub fn read_header(
+    bytes: &[u8],
+    shard: usize,
+) -> Result<Vec<(String, TensorMeta)>, safetensors::SafeTensorError> {
+    let (header_len, metadata) = SafeTensors::read_metadata(bytes)?;
+    let data_start = 8 + header_len;
+    Ok(metadata
+        .tensors()
+        .into_iter()
+        .map(|(name, info)| {
+            let meta = TensorMeta {
+                dtype: info.dtype,
+                shape: info.shape.clone(),
+                shard,
+                start: data_start + info.data_offsets.0,
+                end: data_start + info.data_offsets.1,
+            };
+            (name, meta)
+        })
+        .collect())
+}
+
+/// The values of tensor `name` (found by [`read_header`] in `shard_bytes`) as f32.
+pub fn decode_f32(name: &str, meta: &TensorMeta, shard_bytes: &[u8]) -> Result<Vec<f32>> {
+    let bytes = &shard_bytes[meta.start..meta.end];
+    Ok(match meta.dtype {
+        Dtype::F32 => bytes
+            .chunks_exact(4)
+            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+            .collect(),
+        Dtype::BF16 => bytes
+            .chunks_exact(2)
+            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        Dtype::F16 => bytes
+            .chunks_exact(2)
+            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
+            .collect(),
+        other => {
+            bail!("tensor {name} has unsupported dtype {other:?} (supported: F32, BF16, F16)")
+        }
+    })
 }

@@ -58,7 +58,7 @@ pub fn convert(src: &Path, out: &Path) -> Result<Manifest> {
     let model = config.init::<B>(&device);
     let sources = plan(&checkpoint, &config, &model)?;
 
-    std::fs::create_dir_all(out).with_context(|| format!("cannot create {}", out.display()))?;
+    // Creates `out` too (and removes it again if this run fails before finishing).
     let staging = Staging::create(out.join(".partial"))?;
     let model = load_weights(model, &checkpoint, sources)?;
     save_record(model, &staging)?;

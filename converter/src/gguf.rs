@@ -228,16 +228,22 @@ impl Gguf {
 
     /// The tensor's values as f32, in PyTorch (row-major, outermost first) order.
     pub fn dequantize(&self, info: &TensorInfo) -> Result<Vec<f32>> {
-        let bytes = &self.file.bytes()[info.start..info.start + info.len];
-        dequantize(info.ggml_type, bytes, info.numel())
-            .with_context(|| format!("tensor {}", info.name))
+        read_tensor(self.file.bytes(), info)
     }
+}
+
+/// The values of `info`, one of the tensors [`parse`] found in `file`.
+pub fn read_tensor(file: &[u8], info: &TensorInfo) -> Result<Vec<f32>> {
+    let bytes = &file[info.start..info.start + info.len];
+    dequantize(info.ggml_type, bytes, info.numel()).with_context(|| format!("tensor {}", info.name))
 }
 
 /// Decodes `numel` values of type `ty` from `bytes` (whose length was checked at open).
 pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>> {
     let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-    let mut out = Vec::with_capacity(numel);
+    // No format holds more than two values per byte: capacity stays bounded by the file
+    // even when `numel` comes from a tensor whose type (and so byte length) is unknown.
+    let mut out = Vec::with_capacity(numel.min(bytes.len().saturating_mul(2)));
     match ty {
         GgmlType::F32 => out.extend(
             bytes
@@ -387,7 +393,9 @@ fn min_value_bytes(type_id: u32) -> Result<u64> {
 
 type Parsed = (BTreeMap<String, Value>, Vec<TensorInfo>);
 
-fn parse(bytes: &[u8]) -> Result<Parsed> {
+/// Reads the header of the GGUF file `bytes`: metadata and tensor infos, every count,
+/// length and offset checked against the file's size.
+pub fn parse(bytes: &[u8]) -> Result<Parsed> {
     let mut cur = Cursor { bytes, pos: 0 };
     let magic = cur.take(4).context("file shorter than the GGUF magic")?;
     ensure!(magic == MAGIC, "bad magic {magic:02x?}, expected \"GGUF\"");

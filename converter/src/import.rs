@@ -135,7 +135,9 @@ pub fn unpermute_rows(values: &[f32], shape: &[usize], heads: usize) -> Result<V
         bail!("expected a 2-D q/k projection, got shape {shape:?}");
     };
     ensure!(
-        heads > 0 && rows % (2 * heads) == 0,
+        heads
+            .checked_mul(2)
+            .is_some_and(|h2| h2 > 0 && rows % h2 == 0),
         "{rows} rows cannot be split into {heads} heads of even size"
     );
     let head_dim = rows / heads;

@@ -1,19 +1,12 @@
 //! `converter`: Hugging Face checkpoints (or a GGUF) → Burn record artifacts for `runtime`.
 
-mod checkpoint;
-mod convert;
-mod gguf;
-mod import;
-mod mmap;
-mod names;
-mod staging;
-
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
+use converter::{convert, import};
 
 #[derive(Parser)]
 #[command(version, about, long_about = None)]

@@ -11,6 +11,8 @@ use anyhow::{Context, Result};
 /// removes itself, so a failed run leaves nothing behind.
 pub struct Staging {
     dir: PathBuf,
+    /// The destination directory, if this run created it (to remove again on failure).
+    created_parent: Option<PathBuf>,
     committed: bool,
 }
 
@@ -21,10 +23,12 @@ impl Staging {
             std::fs::remove_dir_all(&dir)
                 .with_context(|| format!("cannot remove leftover {}", dir.display()))?;
         }
+        let created_parent = dir.parent().filter(|p| !p.exists()).map(Path::to_path_buf);
         std::fs::create_dir_all(&dir)
             .with_context(|| format!("cannot create {}", dir.display()))?;
         Ok(Self {
             dir,
+            created_parent,
             committed: false,
         })
     }
@@ -95,6 +99,9 @@ impl Drop for Staging {
     fn drop(&mut self) {
         if !self.committed {
             std::fs::remove_dir_all(&self.dir).ok();
+            if let Some(parent) = &self.created_parent {
+                std::fs::remove_dir(parent).ok(); // only if empty
+            }
         }
     }
 }

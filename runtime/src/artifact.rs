@@ -35,19 +35,19 @@ pub type ArtifactRecorder = NamedMpkFileRecorder<FullPrecisionSettings>;
 /// Errors reading an artifact directory.
 #[derive(Debug, thiserror::Error)]
 pub enum ArtifactError {
-    #[error("{path}: {source}")]
+    #[error("{path}: {error}")]
     Io {
         path: PathBuf,
-        source: std::io::Error,
+        error: std::io::Error,
     },
     #[error(
         "{0}: no {MANIFEST_FILE}; the artifact is missing or its conversion did not finish (run `just convert`)"
     )]
     NoManifest(PathBuf),
-    #[error("{path} is not a valid manifest: {source}")]
+    #[error("{path} is not a valid manifest: {error}")]
     BadManifest {
         path: PathBuf,
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error("{path} has {actual} bytes, the manifest says {expected}: truncated or replaced")]
     SizeMismatch {
@@ -121,12 +121,12 @@ impl Manifest {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
                 return Err(ArtifactError::NoManifest(dir.to_path_buf()));
             }
-            Err(source) => return Err(ArtifactError::Io { path, source }),
+            Err(error) => return Err(ArtifactError::Io { path, error }),
         };
         let manifest: Manifest =
-            serde_json::from_str(&text).map_err(|source| ArtifactError::BadManifest {
+            serde_json::from_str(&text).map_err(|error| ArtifactError::BadManifest {
                 path: path.clone(),
-                source,
+                error,
             })?;
         if manifest.format_version != FORMAT_VERSION {
             return Err(ArtifactError::Format {
@@ -150,9 +150,9 @@ impl Manifest {
         for file in &self.files {
             let path = dir.join(&file.name);
             let actual = std::fs::metadata(&path)
-                .map_err(|source| ArtifactError::Io {
+                .map_err(|error| ArtifactError::Io {
                     path: path.clone(),
-                    source,
+                    error,
                 })?
                 .len();
             if actual != file.bytes {
@@ -203,12 +203,23 @@ pub fn load_model<B: Backend>(
     // Burn loads a record's tensors whatever their shapes; a mismatch would only surface
     // as a panic deep in a matmul, so compare with what config.json implies.
     let expected = param_shapes::<B, _>(&model);
-    let model = model
-        .load_file(path.clone(), &ArtifactRecorder::new(), device)
-        .map_err(|e| ArtifactError::Record {
-            path: path.clone(),
-            message: first_line(&format!("{e:?}")),
-        })?;
+    let loaded =
+        without_panic_message(|| model.load_file(path.clone(), &ArtifactRecorder::new(), device));
+    let model = match loaded {
+        Ok(Ok(model)) => model,
+        Ok(Err(e)) => {
+            return Err(ArtifactError::Record {
+                path,
+                message: first_line(&format!("{e:?}")),
+            });
+        }
+        Err(panic) => {
+            return Err(ArtifactError::Record {
+                path,
+                message: format!("the file is corrupt ({panic}); run `converter verify`"),
+            });
+        }
+    };
     for ((name, want), (_, got)) in expected.iter().zip(param_shapes::<B, _>(&model)) {
         if *want != got {
             return Err(ArtifactError::Record {
@@ -218,6 +229,26 @@ pub fn load_model<B: Backend>(
         }
     }
     Ok((model, config))
+}
+
+/// Runs `f`, turning a panic into `Err(message)` without printing it.
+///
+/// Burn's record loading trusts the file: a corrupt parameter id or a tensor whose bytes
+/// disagree with its shape panics inside Burn (`ParamId::deserialize`, `TensorData`)
+/// instead of returning an error. The size check before catches truncation; this catches
+/// corruption, so a damaged model.mpk is one error line, not a backtrace.
+fn without_panic_message<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    let hook = std::panic::take_hook();
+    std::panic::set_hook(Box::new(|_| {}));
+    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
+    std::panic::set_hook(hook);
+    result.map_err(|payload| {
+        payload
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| payload.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "panic while decoding".into())
+    })
 }
 
 fn first_line(text: &str) -> String {

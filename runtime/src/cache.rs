@@ -1,11 +1,13 @@
 //! Key/value cache: one preallocated buffer per layer plus a cursor (llama-burn's
-//! `AutoregressiveCache`), sized to the run so a short generation doesn't hold a full
-//! context's worth of memory.
+//! `AutoregressiveCache`), and the rotary tables for its positions, all sized to the run so
+//! a short generation doesn't hold a full context's worth of memory (and a config claiming a
+//! huge context costs nothing until a run asks for it).
 
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use crate::config::LlamaConfig;
+use crate::model::Rope;
 
 /// Keys and values of one layer: `[batch, n_kv_heads, capacity, head_dim]` each.
 #[derive(Debug)]
@@ -21,6 +23,7 @@ pub struct LayerCache<B: Backend> {
 #[derive(Debug)]
 pub struct KvCache<B: Backend> {
     layers: Vec<LayerCache<B>>,
+    rope: Rope<B>,
     len: usize,
     capacity: usize,
 }
@@ -38,6 +41,7 @@ impl<B: Backend> KvCache<B> {
             .collect();
         Self {
             layers,
+            rope: Rope::new(config, capacity, device),
             len: 0,
             capacity,
         }
@@ -56,8 +60,11 @@ impl<B: Backend> KvCache<B> {
         self.capacity
     }
 
-    pub(crate) fn layers_mut(&mut self) -> impl Iterator<Item = &mut LayerCache<B>> {
-        self.layers.iter_mut()
+    /// The rotary tables and, to append to, every layer's cache.
+    pub(crate) fn rope_and_layers(
+        &mut self,
+    ) -> (&Rope<B>, impl Iterator<Item = &mut LayerCache<B>>) {
+        (&self.rope, self.layers.iter_mut())
     }
 
     pub(crate) fn advance(&mut self, seq: usize) {

@@ -16,15 +16,12 @@ const MAX_DIM: usize = 1 << 20;
 /// Errors in a config.json.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {source}")]
-    Io {
-        path: String,
-        source: std::io::Error,
-    },
-    #[error("{path} is not a valid config.json: {source}")]
+    #[error("cannot read {path}: {error}")]
+    Io { path: String, error: std::io::Error },
+    #[error("{path} is not a valid config.json: {error}")]
     Parse {
         path: String,
-        source: serde_json::Error,
+        error: serde_json::Error,
     },
     #[error(
         "unsupported architecture {0}: only LlamaForCausalLM (model_type \"llama\") is supported"
@@ -105,13 +102,13 @@ pub struct LlamaConfig {
 
 impl HfConfig {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
             path: path.display().to_string(),
-            source,
+            error,
         })?;
-        serde_json::from_str(&text).map_err(|source| ConfigError::Parse {
+        serde_json::from_str(&text).map_err(|error| ConfigError::Parse {
             path: path.display().to_string(),
-            source,
+            error,
         })
     }
 }

@@ -11,7 +11,7 @@ use serde::{Deserialize, Serialize};
 use crate::artifact::{self, ArtifactError, GENERATION_CONFIG_FILE};
 use crate::cache::KvCache;
 use crate::config::{LlamaConfig, TokenIds};
-use crate::model::{Llama, Rope};
+use crate::model::Llama;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -92,11 +92,10 @@ pub struct Perplexity {
     pub ppl: f64,
 }
 
-/// A model ready to run: weights, RoPE tables and the ids that end a sequence.
+/// A model ready to run: weights and the ids that end a sequence.
 pub struct Generator<B: Backend> {
     pub model: Llama<B>,
     pub config: LlamaConfig,
-    rope: Rope<B>,
     eos_ids: Vec<u32>,
     device: B::Device,
 }
@@ -130,7 +129,6 @@ impl<B: Backend> Generator<B> {
         eos_ids.sort_unstable();
         eos_ids.dedup();
         Ok(Self {
-            rope: Rope::new(&config, config.max_position_embeddings, device),
             model,
             config,
             eos_ids,
@@ -169,7 +167,7 @@ impl<B: Backend> Generator<B> {
                 TensorData::new(tokens, [1, chunk.len()]),
                 &self.device,
             );
-            let hidden = self.model.forward(tokens, cache, &self.rope); // [1, n, hidden]
+            let hidden = self.model.forward(tokens, cache); // [1, n, hidden]
             if !all && i + 1 < n_chunks {
                 continue;
             }

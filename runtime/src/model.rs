@@ -206,12 +206,7 @@ impl<B: Backend> Llama<B> {
     /// # Shapes
     /// - tokens: `[batch, seq]`
     /// - output: `[batch, seq, hidden]`
-    pub fn forward(
-        &self,
-        tokens: Tensor<B, 2, Int>,
-        cache: &mut KvCache<B>,
-        rope: &Rope<B>,
-    ) -> Tensor<B, 3> {
+    pub fn forward(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
         let [_, seq] = tokens.dims();
         let start = cache.len();
         let mut x = self.embed_tokens.forward(tokens); // [batch, seq, hidden]
@@ -220,12 +215,13 @@ impl<B: Backend> Llama<B> {
             .layers
             .first()
             .map_or((1, 1), |l| (l.self_attn.n_heads, l.self_attn.n_kv_heads));
+        let (rope, layer_caches) = cache.rope_and_layers();
         let step = Step {
             q_rope: rope.rows(start, seq, n_heads),
             k_rope: rope.rows(start, seq, n_kv),
             mask: (seq > 1).then(|| causal_mask(seq, start, n_kv, n_heads / n_kv, &x.device())),
         };
-        for (layer, layer_cache) in self.layers.iter().zip(cache.layers_mut()) {
+        for (layer, layer_cache) in self.layers.iter().zip(layer_caches) {
             x = layer.forward(x, layer_cache, rope, &step);
         }
         cache.advance(seq);

@@ -25,6 +25,16 @@ pub struct Spec {
     pub shards: usize,
 }
 
+/// The checkpoint most tests start from.
+pub const TIED_BF16: Spec = Spec {
+    dtype: Dtype::BF16,
+    tied: true,
+    shards: 1,
+};
+
+/// A tensor to write: (name, shape, bytes).
+pub type RawTensor = (String, Vec<usize>, Vec<u8>);
+
 /// Every tensor of a Llama checkpoint with the sizes above: (HF name, shape).
 pub fn tensor_shapes(tied: bool) -> Vec<(String, Vec<usize>)> {
     let mut out = vec![
@@ -107,7 +117,7 @@ pub fn write_checkpoint(dir: &Path, spec: Spec) {
     std::fs::create_dir_all(dir).unwrap();
     write_json(&dir.join("config.json"), &config_json(spec.tied));
     write_json(&dir.join("tokenizer.json"), &tokenizer_json());
-    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = tensor_shapes(spec.tied)
+    let tensors: Vec<RawTensor> = tensor_shapes(spec.tied)
         .into_iter()
         .map(|(name, shape)| {
             let bytes = encode(
@@ -136,7 +146,7 @@ pub fn write_checkpoint(dir: &Path, spec: Spec) {
     );
 }
 
-pub fn write_safetensors(path: &Path, tensors: &[(String, Vec<usize>, Vec<u8>)], dtype: Dtype) {
+pub fn write_safetensors(path: &Path, tensors: &[RawTensor], dtype: Dtype) {
     let views = tensors.iter().map(|(name, shape, bytes)| {
         (
             name.clone(),
@@ -172,4 +182,140 @@ pub fn workspace_root() -> PathBuf {
         .parent()
         .unwrap()
         .to_path_buf()
+}
+
+// ---- GGUF ----
+
+/// A minimal GGUF v3 writer: metadata of the kinds the importer reads, and raw tensors.
+pub struct GgufBuilder {
+    kv: Vec<u8>,
+    n_kv: u64,
+    infos: Vec<u8>,
+    data: Vec<u8>,
+    n_tensors: u64,
+}
+
+impl GgufBuilder {
+    pub fn new() -> Self {
+        Self {
+            kv: vec![],
+            n_kv: 0,
+            infos: vec![],
+            data: vec![],
+            n_tensors: 0,
+        }
+    }
+
+    fn string(buf: &mut Vec<u8>, s: &str) {
+        buf.extend((s.len() as u64).to_le_bytes());
+        buf.extend(s.as_bytes());
+    }
+
+    fn key(&mut self, key: &str, type_id: u32) {
+        Self::string(&mut self.kv, key);
+        self.kv.extend(type_id.to_le_bytes());
+        self.n_kv += 1;
+    }
+
+    /// A metadata entry of any type, its value given as raw bytes.
+    pub fn raw(mut self, key: &str, type_id: u32, value: &[u8]) -> Self {
+        self.key(key, type_id);
+        self.kv.extend(value);
+        self
+    }
+
+    pub fn u32(mut self, key: &str, v: u32) -> Self {
+        self.key(key, 4);
+        self.kv.extend(v.to_le_bytes());
+        self
+    }
+
+    pub fn f32(mut self, key: &str, v: f32) -> Self {
+        self.key(key, 6);
+        self.kv.extend(v.to_le_bytes());
+        self
+    }
+
+    pub fn str(mut self, key: &str, v: &str) -> Self {
+        self.key(key, 8);
+        Self::string(&mut self.kv, v);
+        self
+    }
+
+    pub fn strings(mut self, key: &str, items: &[&str]) -> Self {
+        self.key(key, 9);
+        self.kv.extend(8u32.to_le_bytes());
+        self.kv.extend((items.len() as u64).to_le_bytes());
+        for item in items {
+            Self::string(&mut self.kv, item);
+        }
+        self
+    }
+
+    /// A tensor info with any offset, and no data: for malformed files.
+    pub fn tensor_info(mut self, name: &str, dims: &[u64], type_id: u32, offset: u64) -> Self {
+        Self::string(&mut self.infos, name);
+        self.infos.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            self.infos.extend(d.to_le_bytes());
+        }
+        self.infos.extend(type_id.to_le_bytes());
+        self.infos.extend(offset.to_le_bytes());
+        self.n_tensors += 1;
+        self
+    }
+
+    /// `dims` innermost first, as GGUF stores them.
+    pub fn tensor(mut self, name: &str, dims: &[u64], type_id: u32, bytes: &[u8]) -> Self {
+        Self::string(&mut self.infos, name);
+        self.infos.extend((dims.len() as u32).to_le_bytes());
+        for d in dims {
+            self.infos.extend(d.to_le_bytes());
+        }
+        self.infos.extend(type_id.to_le_bytes());
+        self.infos.extend((self.data.len() as u64).to_le_bytes());
+        self.data.extend(bytes);
+        self.data.resize(self.data.len().div_ceil(32) * 32, 0);
+        self.n_tensors += 1;
+        self
+    }
+
+    pub fn build(self) -> Vec<u8> {
+        let mut out = b"GGUF".to_vec();
+        out.extend(3u32.to_le_bytes());
+        out.extend(self.n_tensors.to_le_bytes());
+        out.extend(self.n_kv.to_le_bytes());
+        out.extend(self.kv);
+        out.extend(self.infos);
+        out.resize(out.len().div_ceil(32) * 32, 0);
+        out.extend(self.data);
+        out
+    }
+}
+
+/// A llama GGUF with one F32 embedding [3 tokens × 4] and one Q8_0 q projection [4 × 32].
+pub fn tiny_gguf() -> GgufBuilder {
+    let embed: Vec<u8> = (0..12)
+        .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
+        .collect();
+    let mut q8 = Vec::new();
+    for row in 0..4u8 {
+        q8.extend(f16::from_f32(0.5).to_le_bytes());
+        q8.extend((0..32u8).map(|c| row * 10 + c));
+    }
+    GgufBuilder::new()
+        .str("general.architecture", "llama")
+        .u32("llama.block_count", 1)
+        .u32("llama.context_length", 16)
+        .u32("llama.embedding_length", 4)
+        .u32("llama.feed_forward_length", 8)
+        .u32("llama.attention.head_count", 1)
+        .u32("llama.attention.head_count_kv", 1)
+        .f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        .str("tokenizer.ggml.model", "gpt2")
+        .str("tokenizer.ggml.pre", "smollm")
+        .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
+        .strings("tokenizer.ggml.merges", &["a b"])
+        .tensor("token_embd.weight", &[4, 3], 0, &embed)
+        .tensor("blk.0.attn_q.weight", &[32, 4], 8, &q8)
 }

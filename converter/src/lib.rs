@@ -1,0 +1,12 @@
+//! `converter`: Hugging Face checkpoints (or a GGUF) → Burn record artifacts for `runtime`.
+//!
+//! The binary (`main.rs`) is a thin command line over these modules; the library exists so
+//! tests and the fuzz targets (`fuzz/`) reach the parsers directly.
+
+pub mod checkpoint;
+pub mod convert;
+pub mod gguf;
+pub mod import;
+mod mmap;
+pub mod names;
+mod staging;

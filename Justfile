@@ -59,3 +59,12 @@ lint:
 # Speed and memory, llama-bench style (see docs/BENCHMARKS.md): just bench --backends flex --threads 1,2
 bench *args: build
     {{bin}}/bench {{args}}
+
+# Fuzz one parser (gguf, safetensors, config, manifest) for `seconds`; see fuzz/README.md
+fuzz target seconds="300":
+    #!/usr/bin/env bash
+    set -euo pipefail
+    command -v cargo-fuzz >/dev/null || cargo install --locked cargo-fuzz
+    mkdir -p fuzz/corpus/{{target}}
+    cd fuzz && RUSTC_BOOTSTRAP=1 cargo fuzz run -O {{target}} corpus/{{target}} seeds/{{target}} -- \
+        -max_total_time={{seconds}} -rss_limit_mb=2048 -malloc_limit_mb=1024 -max_len=65536

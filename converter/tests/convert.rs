@@ -4,8 +4,6 @@
 
 mod common;
 
-use std::path::PathBuf;
-
 use burn::tensor::Tensor;
 use common::*;
 use runtime::FlexBackend;
@@ -20,16 +18,6 @@ fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
     (0..cols)
         .flat_map(|c| (0..rows).map(move |r| values[r * cols + c]))
         .collect()
-}
-
-/// A tied bf16 checkpoint in `tmp/hf`, converted into `tmp/out`.
-fn converted_tiny() -> (tempfile::TempDir, PathBuf, PathBuf) {
-    let tmp = tempfile::tempdir().unwrap();
-    let (src, out) = (tmp.path().join("hf"), tmp.path().join("out"));
-    write_checkpoint(&src, TIED_BF16);
-    let run = converter(&[&"convert", &src, &out]);
-    assert!(run.success, "{}", run.stderr);
-    (tmp, src, out)
 }
 
 fn roundtrip(spec: Spec) {

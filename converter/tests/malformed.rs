@@ -207,12 +207,20 @@ const CASES: &[Case] = &[
     Case {
         name: "checkpoint: no config.json",
         expected: "config.json",
-        setup: |d| checkpoint_case(d, |src| std::fs::remove_file(src.join("config.json"))),
+        setup: |d| {
+            checkpoint_case(d, |src| {
+                std::fs::remove_file(src.join("config.json")).unwrap()
+            })
+        },
     },
     Case {
         name: "checkpoint: no weights",
         expected: "no model.safetensors",
-        setup: |d| checkpoint_case(d, |src| std::fs::remove_file(src.join("model.safetensors"))),
+        setup: |d| {
+            checkpoint_case(d, |src| {
+                std::fs::remove_file(src.join("model.safetensors")).unwrap()
+            })
+        },
     },
     Case {
         name: "safetensors: header length past the end of the file",
@@ -257,8 +265,8 @@ const CASES: &[Case] = &[
         setup: |d| {
             checkpoint_case(d, |src| {
                 let path = src.join("model.safetensors");
-                let bytes = std::fs::read(&path)?;
-                std::fs::write(&path, &bytes[..bytes.len() / 2])
+                let bytes = std::fs::read(&path).unwrap();
+                std::fs::write(&path, &bytes[..bytes.len() / 2]).unwrap()
             })
         },
     },
@@ -303,7 +311,11 @@ const CASES: &[Case] = &[
     Case {
         name: "config: not JSON",
         expected: "config.json",
-        setup: |d| checkpoint_case(d, |src| std::fs::write(src.join("config.json"), "{oops")),
+        setup: |d| {
+            checkpoint_case(d, |src| {
+                std::fs::write(src.join("config.json"), "{oops").unwrap()
+            })
+        },
     },
     Case {
         name: "config: missing num_attention_heads",
@@ -345,33 +357,32 @@ const CASES: &[Case] = &[
         setup: |d| {
             checkpoint_case(d, |src| {
                 std::fs::write(src.join("tokenizer.json"), r#"{"model": {"type": "Nope"}}"#)
+                    .unwrap()
             })
         },
     },
 ];
 
 /// A valid tied bf16 checkpoint with `break_it` applied; converting it must fail.
-fn checkpoint_case(dir: &Path, break_it: fn(&Path) -> std::io::Result<()>) -> Vec<PathOrStr> {
+fn checkpoint_case(dir: &Path, break_it: impl FnOnce(&Path)) -> Vec<PathOrStr> {
     let src = dir.join("hf");
     write_checkpoint(&src, TIED_BF16);
-    break_it(&src).unwrap();
+    break_it(&src);
     vec![S("convert"), P(src), P(dir.join("out"))]
 }
 
 fn config_case(dir: &Path, edit: fn(&mut serde_json::Value)) -> Vec<PathOrStr> {
-    let src = dir.join("hf");
-    write_checkpoint(&src, TIED_BF16);
-    let mut config = config_json(true);
-    edit(&mut config);
-    write_json(&src.join("config.json"), &config);
-    vec![S("convert"), P(src), P(dir.join("out"))]
+    checkpoint_case(dir, |src| {
+        let mut config = config_json(true);
+        edit(&mut config);
+        write_json(&src.join("config.json"), &config);
+    })
 }
 
 fn safetensors_case(dir: &Path, bytes: Vec<u8>) -> Vec<PathOrStr> {
-    let src = dir.join("hf");
-    write_checkpoint(&src, TIED_BF16);
-    std::fs::write(src.join("model.safetensors"), bytes).unwrap();
-    vec![S("convert"), P(src), P(dir.join("out"))]
+    checkpoint_case(dir, |src| {
+        std::fs::write(src.join("model.safetensors"), bytes).unwrap()
+    })
 }
 
 /// A safetensors file with the given header text and `data_len` zero bytes of data.
@@ -383,19 +394,18 @@ fn raw_safetensors(header: &str, data_len: usize) -> Vec<u8> {
 }
 
 fn tensors_case(dir: &Path, edit: fn(&mut Vec<RawTensor>, &mut Dtype)) -> Vec<PathOrStr> {
-    let src = dir.join("hf");
-    write_checkpoint(&src, TIED_BF16);
-    let mut tensors: Vec<_> = tensor_shapes(true)
-        .into_iter()
-        .map(|(name, shape)| {
-            let bytes = vec![0u8; shape.iter().product::<usize>() * 2];
-            (name, shape, bytes)
-        })
-        .collect();
-    let mut dtype = Dtype::BF16;
-    edit(&mut tensors, &mut dtype);
-    write_safetensors(&src.join("model.safetensors"), &tensors, dtype);
-    vec![S("convert"), P(src), P(dir.join("out"))]
+    checkpoint_case(dir, |src| {
+        let mut tensors: Vec<_> = tensor_shapes(true)
+            .into_iter()
+            .map(|(name, shape)| {
+                let bytes = vec![0u8; shape.iter().product::<usize>() * 2];
+                (name, shape, bytes)
+            })
+            .collect();
+        let mut dtype = Dtype::BF16;
+        edit(&mut tensors, &mut dtype);
+        write_safetensors(&src.join("model.safetensors"), &tensors, dtype);
+    })
 }
 
 #[test]
@@ -437,10 +447,7 @@ fn every_malformed_input_fails_cleanly() {
 /// Converts the tiny checkpoint, applies `break_it` to the artifact, and checks that
 /// `converter verify` fails naming `expected` and loading returns an error (no panic).
 fn broken_artifact(expected: &str, break_it: impl FnOnce(&Path)) {
-    let tmp = tempfile::tempdir().unwrap();
-    let (src, out) = (tmp.path().join("hf"), tmp.path().join("out"));
-    write_checkpoint(&src, TIED_BF16);
-    assert!(converter(&[&"convert", &src, &out]).success);
+    let (_tmp, _src, out) = converted_tiny();
     break_it(&out);
     let (success, stderr) = run_capped(&[S("verify"), P(out.clone())]);
     assert!(!success, "verify accepted it");
@@ -500,10 +507,7 @@ fn manifest_that_is_not_json() {
 #[test]
 fn corrupt_record_of_the_right_size_is_a_load_error_not_a_panic() {
     // Parameter ids are the first thing Burn decodes after the metadata; garble every one.
-    let tmp = tempfile::tempdir().unwrap();
-    let (src, out) = (tmp.path().join("hf"), tmp.path().join("out"));
-    write_checkpoint(&src, TIED_BF16);
-    assert!(converter(&[&"convert", &src, &out]).success);
+    let (_tmp, _src, out) = converted_tiny();
     let path = out.join("model.mpk");
     let mut bytes = std::fs::read(&path).unwrap();
     let key = b"\xa2id\xad"; // msgpack: key "id", then a 13-byte string

@@ -160,6 +160,16 @@ pub fn write_json(path: &Path, value: &serde_json::Value) {
     std::fs::write(path, serde_json::to_string_pretty(value).unwrap()).unwrap();
 }
 
+/// A tied bf16 checkpoint in `tmp/hf`, converted into `tmp/out`.
+pub fn converted_tiny() -> (tempfile::TempDir, PathBuf, PathBuf) {
+    let tmp = tempfile::tempdir().unwrap();
+    let (src, out) = (tmp.path().join("hf"), tmp.path().join("out"));
+    write_checkpoint(&src, TIED_BF16);
+    let run = converter(&[&"convert", &src, &out]);
+    assert!(run.success, "{}", run.stderr);
+    (tmp, src, out)
+}
+
 /// Output of one run of the converter binary.
 pub struct Run {
     pub success: bool,

@@ -9,13 +9,14 @@ use burn::tensor::backend::Backend;
 use crate::config::LlamaConfig;
 use crate::model::Rope;
 
-/// Keys and values of one layer: `[batch, n_kv_heads, capacity, head_dim]` each.
+/// Keys and values of one layer: `[batch, capacity, n_kv_heads * head_dim]` each, the
+/// layout the key and value projections produce, so appending is a plain copy of rows.
 #[derive(Debug)]
 pub struct LayerCache<B: Backend> {
     // `Option` so `append` can move the buffers into `slice_assign` and back: a clone would
     // share the storage and force a copy of the whole buffer on every token.
-    keys: Option<Tensor<B, 4>>,
-    values: Option<Tensor<B, 4>>,
+    keys: Option<Tensor<B, 3>>,
+    values: Option<Tensor<B, 3>>,
     len: usize,
 }
 
@@ -31,7 +32,7 @@ pub struct KvCache<B: Backend> {
 impl<B: Backend> KvCache<B> {
     /// A cache for `capacity` positions (prompt plus generated tokens).
     pub fn new(config: &LlamaConfig, batch: usize, capacity: usize, device: &B::Device) -> Self {
-        let shape = [batch, config.n_kv_heads, capacity, config.head_dim];
+        let shape = [batch, capacity, config.n_kv_heads * config.head_dim];
         let layers = (0..config.num_layers)
             .map(|_| LayerCache {
                 keys: Some(Tensor::zeros(shape, device)),
@@ -73,28 +74,28 @@ impl<B: Backend> KvCache<B> {
 }
 
 impl<B: Backend> LayerCache<B> {
-    /// Stores `k`, `v` (`[batch, n_kv, seq, head_dim]`) after the cached positions and
-    /// returns all keys and values so far, `[batch, n_kv, len + seq, head_dim]`.
+    /// Stores `k`, `v` (`[batch, seq, n_kv * head_dim]`) after the cached positions and
+    /// returns all keys and values so far, `[batch, len + seq, n_kv * head_dim]` (views of
+    /// the buffers, not copies).
     ///
     /// Panics if the cache is full: callers check the context length before running.
     pub(crate) fn append(
         &mut self,
-        k: Tensor<B, 4>,
-        v: Tensor<B, 4>,
-    ) -> (Tensor<B, 4>, Tensor<B, 4>) {
-        let [_, _, seq, _] = k.dims();
+        k: Tensor<B, 3>,
+        v: Tensor<B, 3>,
+    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+        let [_, seq, _] = k.dims();
         let (start, end) = (self.len, self.len + seq);
         let keys = self.keys.take().expect("cache buffer present");
         let values = self.values.take().expect("cache buffer present");
-        let [batch, n_kv, capacity, hd] = keys.dims();
+        let [batch, capacity, width] = keys.dims();
         assert!(end <= capacity, "KV cache overflow: {end} > {capacity}");
-        let keys = keys.slice_assign([0..batch, 0..n_kv, start..end, 0..hd], k);
-        let values = values.slice_assign([0..batch, 0..n_kv, start..end, 0..hd], v);
+        let keys = keys.slice_assign([0..batch, start..end, 0..width], k);
+        let values = values.slice_assign([0..batch, start..end, 0..width], v);
         self.len = end;
-        let visible = [0..batch, 0..n_kv, 0..end, 0..hd];
         let out = (
-            keys.clone().slice(visible.clone()),
-            values.clone().slice(visible),
+            keys.clone().narrow(1, 0, end),
+            values.clone().narrow(1, 0, end),
         );
         self.keys = Some(keys);
         self.values = Some(values);

@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use burn::tensor::backend::Backend;
+use crate::kernels::Kernels;
 use burn::tensor::{Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
@@ -93,7 +93,7 @@ pub struct Perplexity {
 }
 
 /// A model ready to run: weights and the ids that end a sequence.
-pub struct Generator<B: Backend> {
+pub struct Generator<B: Kernels> {
     pub model: Llama<B>,
     pub config: LlamaConfig,
     eos_ids: Vec<u32>,
@@ -105,7 +105,7 @@ struct GenerationConfig {
     eos_token_id: Option<TokenIds>,
 }
 
-impl<B: Backend> Generator<B> {
+impl<B: Kernels> Generator<B> {
     /// Loads the artifact in `dir`.
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self, GenerateError> {
         let (model, config) = artifact::load_model::<B>(dir, device)?;

@@ -7,6 +7,7 @@ pub mod artifact;
 pub mod cache;
 pub mod config;
 pub mod generate;
+pub mod kernels;
 pub mod model;
 pub mod params;
 pub mod sampling;

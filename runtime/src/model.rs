@@ -6,7 +6,6 @@
 
 use burn::module::Module;
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
-use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor, TensorData};
 
@@ -14,6 +13,7 @@ use rayon::prelude::*;
 
 use crate::cache::{KvCache, LayerCache};
 use crate::config::LlamaConfig;
+use crate::kernels::{Heads, Kernels};
 
 /// Decoder-only Llama: token embedding, `num_layers` blocks, final norm, lm_head.
 #[derive(Module, Debug)]
@@ -191,15 +191,13 @@ impl<B: Backend> Rope<B> {
 }
 
 /// What every layer of one forward call shares: rotation tables for the query and key
-/// projections and, when several positions go in at once, the causal mask.
+/// projections.
 struct Step<B: Backend> {
     q_rope: RopeRows<B>,
     k_rope: RopeRows<B>,
-    /// `[1, n_kv, group * seq, start + seq]`, additive (0 or -inf).
-    mask: Option<Tensor<B, 4>>,
 }
 
-impl<B: Backend> Llama<B> {
+impl<B: Kernels> Llama<B> {
     /// Runs `tokens` through the model, appending their keys and values to `cache`, and
     /// returns the final-norm hidden states. Call [`Llama::logits`] on the rows you need:
     /// generation needs only the last one, perplexity all of them.
@@ -211,7 +209,7 @@ impl<B: Backend> Llama<B> {
         let [_, seq] = tokens.dims();
         let start = cache.len();
         let mut x = self.embed_tokens.forward(tokens); // [batch, seq, hidden]
-        // Every layer has the same head layout, so the tables and mask are built once per call.
+        // Every layer has the same head layout, so the tables are built once per call.
         let (n_heads, n_kv) = self
             .layers
             .first()
@@ -220,7 +218,6 @@ impl<B: Backend> Llama<B> {
         let step = Step {
             q_rope: rope.rows(start, seq, n_heads),
             k_rope: rope.rows(start, seq, n_kv),
-            mask: (seq > 1).then(|| causal_mask(seq, start, n_kv, n_heads / n_kv, &x.device())),
         };
         for (layer, layer_cache) in self.layers.iter().zip(layer_caches) {
             x = layer.forward(x, layer_cache, rope, &step);
@@ -282,7 +279,7 @@ impl<B: Backend> Llama<B> {
     }
 }
 
-impl<B: Backend> DecoderLayer<B> {
+impl<B: Kernels> DecoderLayer<B> {
     fn forward(
         &self,
         x: Tensor<B, 3>,
@@ -298,7 +295,7 @@ impl<B: Backend> DecoderLayer<B> {
     }
 }
 
-impl<B: Backend> Attention<B> {
+impl<B: Kernels> Attention<B> {
     /// # Shapes
     /// - x: `[batch, seq, hidden]`
     /// - output: `[batch, seq, hidden]`
@@ -309,73 +306,30 @@ impl<B: Backend> Attention<B> {
         rope: &Rope<B>,
         step: &Step<B>,
     ) -> Tensor<B, 3> {
-        let [batch, seq, _] = x.dims();
-        let (n_heads, n_kv, hd) = (self.n_heads, self.n_kv_heads, self.head_dim);
-        let group = n_heads / n_kv;
-
         // Rotate while each projection is still one contiguous [batch, seq, heads * hd] block.
         // The score scale goes on q (1/8 for hd = 64, a power of two, so this is exact).
-        let scale = 1.0 / (hd as f64).sqrt();
+        let scale = 1.0 / (self.head_dim as f64).sqrt();
         let q = rope.apply(project(&self.q_proj, x.clone()), &step.q_rope) * scale;
         let k = rope.apply(project(&self.k_proj, x.clone()), &step.k_rope);
         let v = project(&self.v_proj, x);
-
-        let heads = |t: Tensor<B, 3>, n| t.reshape([batch, seq, n, hd]).swap_dims(1, 2);
-        let (k, v) = cache.append(heads(k, n_kv), heads(v, n_kv)); // [b, kv, start + seq, hd]
-
-        // Query heads h = kv * group + g share key/value head kv (transformers' repeat_kv),
-        // so fold each group into the row axis instead of copying keys and values per head.
-        let q = heads(q, n_heads).reshape([batch, n_kv, group * seq, hd]);
-        let scores = q.matmul(k.swap_dims(2, 3)); // [b, kv, group * seq, start + seq]
-        let scores = match &step.mask {
-            Some(mask) => scores + mask.clone(),
-            None => scores,
+        let (k, v) = cache.append(k, v); // [batch, start + seq, n_kv * hd]
+        let heads = Heads {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
         };
-        let out = softmax(scores, 3).matmul(v); // [b, kv, group * seq, hd]
-        let out = out
-            .reshape([batch, n_heads, seq, hd])
-            .swap_dims(1, 2)
-            .reshape([batch, seq, n_heads * hd]);
-        project(&self.o_proj, out)
+        project(&self.o_proj, B::causal_attention(q, k, v, heads))
     }
 }
 
-impl<B: Backend> Mlp<B> {
+impl<B: Kernels> Mlp<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = silu(project(&self.gate_proj, x.clone()));
-        project(&self.down_proj, gate * project(&self.up_proj, x))
+        let gate = project(&self.gate_proj, x.clone());
+        project(
+            &self.down_proj,
+            B::silu_mul(gate, project(&self.up_proj, x)),
+        )
     }
-}
-
-/// Additive causal mask `[1, n_kv, group * seq, start + seq]` for the grouped score rows:
-/// row `g * seq + i` is query `i` (at position `start + i`) of any head in a group, and sees
-/// keys `0..=start + i`. Built at the scores' full shape, because adding a tensor that is
-/// broadcast along rows takes burn-flex's slow strided path (a sixth of a 512-token prefill).
-fn causal_mask<B: Backend>(
-    seq: usize,
-    start: usize,
-    n_kv: usize,
-    group: usize,
-    device: &B::Device,
-) -> Tensor<B, 4> {
-    let total = start + seq;
-    let one_kv_head: Vec<f32> = (0..group * seq)
-        .flat_map(|row| {
-            let i = row % seq;
-            (0..total).map(move |j| {
-                if j > start + i {
-                    f32::NEG_INFINITY
-                } else {
-                    0.0
-                }
-            })
-        })
-        .collect();
-    let values = one_kv_head.repeat(n_kv);
-    Tensor::from_data(
-        TensorData::new(values, [1, n_kv, group * seq, total]),
-        device,
-    )
 }
 
 /// `linear.forward(x)` (no bias), split across the thread pool when `x` is a single row.

@@ -11,9 +11,9 @@ use std::process::Command;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use burn::tensor::backend::Backend;
 use clap::Parser;
 use runtime::generate::Generator;
+use runtime::kernels::Kernels;
 use runtime::params::param_shapes;
 use runtime::sampling::argmax;
 use runtime::{BackendKind, FlexBackend, NdArrayBackend};
@@ -77,7 +77,7 @@ fn tokens(n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919) % 40000 + 100) as u32).collect()
 }
 
-fn measure<B: Backend>(cli: &Cli, started: Instant) -> Result<Sample> {
+fn measure<B: Kernels>(cli: &Cli, started: Instant) -> Result<Sample> {
     let generator = Generator::<B>::load(&cli.artifacts, &Default::default())?;
     let load_s = started.elapsed().as_secs_f64();
     let prefill = |n: usize| -> Result<f64> {

@@ -7,9 +7,9 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
-use burn::tensor::backend::Backend;
 use clap::{Args, Parser, Subcommand};
 use runtime::generate::{GenerateOptions, Generation, Generator};
+use runtime::kernels::Kernels;
 use runtime::sampling::SamplingParams;
 use runtime::tokenizer::Tokenizer;
 use runtime::{BackendKind, FlexBackend, NdArrayBackend};
@@ -133,14 +133,14 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
     .context("cannot start the thread pool")?
 }
 
-fn run_on<B: Backend>(cli: &Cli, started: Instant) -> Result<()> {
+fn run_on<B: Kernels>(cli: &Cli, started: Instant) -> Result<()> {
     match &cli.command {
         Some(Command::Perplexity(args)) => perplexity::<B>(args),
         None => generate::<B>(&cli.generate, started),
     }
 }
 
-fn load<B: Backend>(dir: &Path) -> Result<(Generator<B>, Tokenizer)> {
+fn load<B: Kernels>(dir: &Path) -> Result<(Generator<B>, Tokenizer)> {
     let device = Default::default();
     let generator = Generator::<B>::load(dir, &device)?;
     let tokenizer = Tokenizer::from_dir(dir)?;
@@ -158,7 +158,7 @@ fn read_text(path: &Path) -> Result<String> {
     })
 }
 
-fn generate<B: Backend>(args: &GenerateArgs, started: Instant) -> Result<()> {
+fn generate<B: Kernels>(args: &GenerateArgs, started: Instant) -> Result<()> {
     let sampling = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -233,7 +233,7 @@ fn generation_json(g: &Generation, load_s: f64) -> serde_json::Value {
     })
 }
 
-fn perplexity<B: Backend>(args: &PerplexityArgs) -> Result<()> {
+fn perplexity<B: Kernels>(args: &PerplexityArgs) -> Result<()> {
     let text = read_text(&args.file)?;
     let (generator, tokenizer) = load::<B>(&args.common.artifacts)?;
     let mut ids = tokenizer.encode(&text)?;

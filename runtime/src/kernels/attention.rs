@@ -1,0 +1,203 @@
+//! Causal grouped-query attention on f32 slices, for backends that expose their buffers.
+//!
+//! Per block of query rows and per head: one gemm for the scores against only the keys the
+//! block can see, a softmax over each row's visible keys (vectorized `exp`), one gemm into
+//! the output. Blocks run in parallel. Compared with composing Burn tensor ops this skips
+//! the masked half of the scores (never computed, never exponentiated), never copies
+//! queries, keys or values into a head-major layout, and writes the output straight into
+//! the `[seq, heads * head_dim]` layout `o_proj` reads.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::Heads;
+use super::simd;
+
+/// Query rows per parallel task: the row count of gemm's f32 AVX-512 microkernel.
+const BLOCK_ROWS: usize = 64;
+
+/// Below this many multiply-adds a call runs on the calling thread: handing work to
+/// another thread costs more than decoding one token's attention at short context.
+const MIN_PARALLEL_WORK: usize = 1 << 20;
+
+/// A `[batch, rows, width]` f32 matrix inside a larger buffer, rows `row_stride` apart
+/// (the KV cache's visible prefix is such a view of its buffer).
+#[derive(Clone, Copy)]
+pub struct Rows<'a> {
+    pub data: &'a [f32],
+    pub offset: usize,
+    pub batch_stride: usize,
+    pub row_stride: usize,
+}
+
+impl Rows<'_> {
+    /// Pointer to element `column` of row `row` of batch `batch`, checked against the buffer.
+    fn at(&self, batch: usize, row: usize, column: usize) -> *const f32 {
+        let index = self.offset + batch * self.batch_stride + row * self.row_stride + column;
+        self.data[index..].as_ptr()
+    }
+}
+
+/// The inputs of one call. `queries` (rotated, pre-scaled by `1/sqrt(head_dim)`) are
+/// `[batch, seq, n_heads * head_dim]`; `keys` and `values` are `[batch, start + seq,
+/// n_kv_heads * head_dim]`, the cache including this call's positions.
+pub struct CausalAttention<'a> {
+    pub queries: Rows<'a>,
+    pub keys: Rows<'a>,
+    pub values: Rows<'a>,
+    pub batch: usize,
+    pub seq: usize,
+    /// Position of the first query: keys `0..=start + i` are visible to query `i`.
+    pub start: usize,
+    pub heads: Heads,
+}
+
+impl CausalAttention<'_> {
+    /// The output, `[batch, seq, n_heads * head_dim]`.
+    pub fn run(&self) -> Vec<f32> {
+        let width = self.heads.n_heads * self.heads.head_dim;
+        let mut out = vec![0.0f32; self.batch * self.seq * width];
+        self.check_bounds();
+        // Work of the whole call in multiply-adds: two products over the visible keys.
+        let work = self.batch * self.seq * (self.start + self.seq) * width * 2;
+        let entry_len = self.seq * width;
+        if work < MIN_PARALLEL_WORK {
+            for (batch, entry) in out.chunks_mut(entry_len).enumerate() {
+                for (i, block) in entry.chunks_mut(BLOCK_ROWS * width).enumerate() {
+                    self.block(batch, i * BLOCK_ROWS, block);
+                }
+            }
+        } else {
+            out.par_chunks_mut(entry_len)
+                .enumerate()
+                .flat_map(|(batch, entry)| {
+                    entry
+                        .par_chunks_mut(BLOCK_ROWS * width)
+                        .enumerate()
+                        .map(move |(i, block)| (batch, i * BLOCK_ROWS, block))
+                })
+                .for_each(|(batch, first, block)| self.block(batch, first, block));
+        }
+        out
+    }
+
+    /// Query rows `first..` of one batch entry, every head: `out` is those rows of the
+    /// output (at most `BLOCK_ROWS` rows of `n_heads * head_dim`).
+    fn block(&self, batch: usize, first: usize, out: &mut [f32]) {
+        let Heads {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = self.heads;
+        let width = n_heads * head_dim;
+        let rows = out.len() / width;
+        // The block's last row sees the most keys; earlier rows mask the rest of theirs.
+        let visible = self.start + first + rows;
+        let group = n_heads / n_kv_heads;
+        SCORES.with_borrow_mut(|scores| {
+            scores.resize(rows * visible, 0.0);
+            for head in 0..n_heads {
+                let kv_column = head / group * head_dim;
+                // scores[r, j] = q[first + r, head] · k[j, kv]
+                // SAFETY: `check_bounds` verified every row and column read here is inside
+                // the buffers; `scores` holds rows * visible elements.
+                unsafe {
+                    gemm::gemm(
+                        rows,
+                        visible,
+                        head_dim,
+                        scores.as_mut_ptr(),
+                        1,
+                        visible as isize,
+                        false,
+                        self.queries.at(batch, first, head * head_dim),
+                        1,
+                        self.queries.row_stride as isize,
+                        self.keys.at(batch, 0, kv_column),
+                        self.keys.row_stride as isize,
+                        1,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    );
+                }
+                let mut inverse_sums = [0.0f32; BLOCK_ROWS];
+                simd::vectorized(|| {
+                    for (r, row) in scores.chunks_exact_mut(visible).enumerate() {
+                        let (seen, masked) = row.split_at_mut(self.start + first + r + 1);
+                        let sum = simd::exp_shifted_sum(seen, simd::max(seen));
+                        masked.fill(0.0);
+                        inverse_sums[r] = 1.0 / sum;
+                    }
+                });
+                // out[r, head] = softmax(scores)[r] · v[.., kv]
+                let out_head = out[head * head_dim..].as_mut_ptr();
+                // SAFETY: as above; `out` has `rows` rows of `width`, and this head's columns
+                // `head * head_dim..(head + 1) * head_dim` lie within each.
+                unsafe {
+                    gemm::gemm(
+                        rows,
+                        head_dim,
+                        visible,
+                        out_head,
+                        1,
+                        width as isize,
+                        false,
+                        scores.as_ptr(),
+                        1,
+                        visible as isize,
+                        self.values.at(batch, 0, kv_column),
+                        1,
+                        self.values.row_stride as isize,
+                        0.0,
+                        1.0,
+                        false,
+                        false,
+                        false,
+                        gemm::Parallelism::None,
+                    );
+                }
+                for (r, inverse_sum) in inverse_sums[..rows].iter().enumerate() {
+                    let start = r * width + head * head_dim;
+                    for x in &mut out[start..start + head_dim] {
+                        *x *= inverse_sum;
+                    }
+                }
+            }
+        });
+    }
+
+    /// Panics unless the last element every gemm reads lies inside its buffer (the first
+    /// is checked by [`Rows::at`]), so the unchecked reads above stay in bounds.
+    fn check_bounds(&self) {
+        let Heads {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = self.heads;
+        assert!(n_kv_heads > 0 && n_heads % n_kv_heads == 0);
+        if self.batch == 0 || self.seq == 0 {
+            return;
+        }
+        let last = |rows: &Rows, n_rows: usize, width: usize| {
+            assert!(rows.row_stride >= width);
+            let end = rows.offset
+                + (self.batch - 1) * rows.batch_stride
+                + (n_rows - 1) * rows.row_stride
+                + width;
+            assert!(end <= rows.data.len(), "attention input out of bounds");
+        };
+        last(&self.queries, self.seq, n_heads * head_dim);
+        last(&self.keys, self.start + self.seq, n_kv_heads * head_dim);
+        last(&self.values, self.start + self.seq, n_kv_heads * head_dim);
+    }
+}
+
+thread_local! {
+    /// Each thread's score rows, reused across blocks, heads and layers.
+    static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}

@@ -309,9 +309,12 @@ impl<B: Kernels> Attention<B> {
         // Rotate while each projection is still one contiguous [batch, seq, heads * hd] block.
         // The score scale goes on q (1/8 for hd = 64, a power of two, so this is exact).
         let scale = 1.0 / (self.head_dim as f64).sqrt();
-        let q = rope.apply(project(&self.q_proj, x.clone()), &step.q_rope) * scale;
-        let k = rope.apply(project(&self.k_proj, x.clone()), &step.k_rope);
-        let v = project(&self.v_proj, x);
+        let [q, k, v] = B::linear_forward(
+            x,
+            [&self.q_proj, &self.k_proj, &self.v_proj].map(|linear| linear.weight.val()),
+        );
+        let q = rope.apply(q, &step.q_rope) * scale;
+        let k = rope.apply(k, &step.k_rope);
         let (k, v) = cache.append(k, v); // [batch, start + seq, n_kv * hd]
         let heads = Heads {
             n_heads: self.n_heads,
@@ -332,34 +335,11 @@ impl<B: Kernels> Mlp<B> {
     }
 }
 
-/// `linear.forward(x)` (no bias), split across the thread pool when `x` is a single row.
-///
-/// Decoding one token is a matrix-vector product per weight, bound by how fast the weights
-/// stream from memory. Burn's backends run such a product on one thread, which reaches about
-/// half the machine's read bandwidth; giving each thread its own slice of output columns lets
-/// all cores stream. Each output is still one dot product over all of `x`, summed in the
-/// same order as the unsplit product, so the result is unchanged.
-fn project<B: Backend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
-    let [batch, seq, d_in] = x.dims();
-    let weight = linear.weight.val(); // [d_in, d_out]
-    let d_out = weight.dims()[1];
-    let threads = rayon::current_num_threads();
-    // Always a 2-D product: burn-flex's batched path handles a column-major weight poorly.
-    let x = x.reshape([batch * seq, d_in]);
-    if batch * seq > 1 || threads < 2 || d_out < threads * MIN_COLUMNS_PER_THREAD {
-        return x.matmul(weight).reshape([batch, seq, d_out]);
-    }
-    let width = d_out.div_ceil(threads);
-    let parts: Vec<Tensor<B, 2>> = (0..d_out)
-        .step_by(width)
-        .collect::<Vec<_>>()
-        .into_par_iter()
-        .map(|start| {
-            let columns = weight.clone().narrow(1, start, width.min(d_out - start));
-            x.clone().matmul(columns)
-        })
-        .collect();
-    Tensor::cat(parts, 1).reshape([batch, seq, d_out])
+/// `linear.forward(x)` (no bias), through the backend's kernel (burn-flex: a threaded
+/// matrix-vector product for a single row).
+fn project<B: Kernels>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let [out] = B::linear_forward(x, [linear.weight.val()]);
+    out
 }
 
 /// `linear` with its weight stored `[d_out, d_in]` in memory, seen as `[d_in, d_out]`.
@@ -374,6 +354,3 @@ fn column_major<B: Backend>(linear: Linear<B>) -> Linear<B> {
     });
     Linear { weight, ..linear }
 }
-
-/// Below this many output columns per thread, splitting costs more than it saves.
-const MIN_COLUMNS_PER_THREAD: usize = 64;

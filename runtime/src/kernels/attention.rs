@@ -126,14 +126,8 @@ impl CausalAttention<'_> {
                     );
                 }
                 let mut inverse_sums = [0.0f32; BLOCK_ROWS];
-                simd::vectorized(|| {
-                    for (r, row) in scores.chunks_exact_mut(visible).enumerate() {
-                        let (seen, masked) = row.split_at_mut(self.start + first + r + 1);
-                        let sum = simd::exp_shifted_sum(seen, simd::max(seen));
-                        masked.fill(0.0);
-                        inverse_sums[r] = 1.0 / sum;
-                    }
-                });
+                let first_seen = self.start + first + 1;
+                simd::causal_softmax_rows(scores, visible, first_seen, &mut inverse_sums);
                 // out[r, head] = softmax(scores)[r] · v[.., kv]
                 let out_head = out[head * head_dim..].as_mut_ptr();
                 // SAFETY: as above; `out` has `rows` rows of `width`, and this head's columns

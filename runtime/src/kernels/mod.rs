@@ -54,6 +54,16 @@ pub trait Kernels: Backend {
     fn silu_mul(gate: Tensor<Self, 3>, up: Tensor<Self, 3>) -> Tensor<Self, 3> {
         silu(gate) * up
     }
+
+    /// Bias-free linear layers of one input: `x: [batch, seq, d_in]` times each
+    /// `weights[i]: [d_in, d_out_i]`. Taking the layers that share an input together (q, k,
+    /// v; gate, up) lets a backend split all their work across threads in one go.
+    fn linear_forward<const N: usize>(
+        x: Tensor<Self, 3>,
+        weights: [Tensor<Self, 2>; N],
+    ) -> [Tensor<Self, 3>; N] {
+        weights.map(|weight| reference_linear(x.clone(), weight))
+    }
 }
 
 impl Kernels for NdArrayBackend {}
@@ -93,14 +103,96 @@ impl Kernels for FlexBackend {
         let out: &mut [f32] = gate.storage_mut();
         const CHUNK: usize = 1 << 14;
         if out.len() <= CHUNK {
-            simd::vectorized(|| simd::silu_mul(out, up));
+            simd::silu_mul(out, up);
         } else {
             out.par_chunks_mut(CHUNK)
                 .zip(up.par_chunks(CHUNK))
-                .for_each(|(g, u)| simd::vectorized(|| simd::silu_mul(g, u)));
+                .for_each(|(g, u)| simd::silu_mul(g, u));
         }
         from_flex(gate)
     }
+
+    fn linear_forward<const N: usize>(
+        x: Tensor<Self, 3>,
+        weights: [Tensor<Self, 2>; N],
+    ) -> [Tensor<Self, 3>; N] {
+        let [batch, seq, _] = x.dims();
+        let weights = weights.map(|weight| weight.into_primitive().tensor());
+        let rows: Option<Vec<&[f32]>> = weights.iter().map(weight_rows).collect();
+        if let (1, Some(rows)) = (batch * seq, rows) {
+            let x = flex(x).to_contiguous();
+            let mut outs = matvecs(&rows, x.storage()).into_iter().map(|out| {
+                let d_out = out.len();
+                from_flex(FlexTensor::from_data(TensorData::new(out, [1, 1, d_out])))
+            });
+            return std::array::from_fn(|_| outs.next().expect("one output per weight"));
+        }
+        weights.map(|weight| {
+            reference_linear(
+                x.clone(),
+                Tensor::from_primitive(TensorPrimitive::Float(weight)),
+            )
+        })
+    }
+}
+
+/// Below this many output rows per thread, splitting a matrix-vector product costs more
+/// than it saves.
+const MIN_MATVEC_ROWS_PER_THREAD: usize = 64;
+
+/// The single-row case of [`Kernels::linear_forward`] on burn-flex: for each weight,
+/// `out[j] = weight_rows[j] · x`, every product split across the pool's threads by output
+/// rows, all in one parallel region.
+///
+/// Decoding one token is nothing but such products, bound by how fast the weights stream
+/// from memory. burn-flex runs each on one thread through gemm; every thread streaming its
+/// own contiguous share of rows uses more of the machine's bandwidth, and one parallel
+/// region per group of products sharing an input (rather than one per product) halves the
+/// hand-offs between threads, hundreds per token.
+fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
+    let threads = rayon::current_num_threads();
+    let mut outs: Vec<Vec<f32>> = weights
+        .iter()
+        .map(|rows| vec![0.0; rows.len() / x.len()])
+        .collect();
+    let mut shares: Vec<Vec<(&[f32], &mut [f32])>> = (0..threads).map(|_| Vec::new()).collect();
+    for (&rows, out) in weights.iter().zip(&mut outs) {
+        let d_out = out.len();
+        if threads < 2 || d_out < threads * MIN_MATVEC_ROWS_PER_THREAD {
+            shares[0].push((rows, out));
+            continue;
+        }
+        // Whole blocks of four rows per thread, the kernel's unit.
+        let per_thread = d_out.div_ceil(threads).next_multiple_of(4);
+        let parts = rows
+            .chunks(per_thread * x.len())
+            .zip(out.chunks_mut(per_thread));
+        for (share, part) in shares.iter_mut().zip(parts) {
+            share.push(part);
+        }
+    }
+    shares.into_par_iter().for_each(|share| {
+        for (rows, out) in share {
+            simd::matvec(rows, x, out);
+        }
+    });
+    outs
+}
+
+/// The weight `[d_in, d_out]` as `d_out` contiguous rows of `d_in`, if it is stored
+/// column-major (as `Llama::with_matvec_layout` lays projections out).
+fn weight_rows(weight: &FlexTensor) -> Option<&[f32]> {
+    let layout = weight.layout();
+    let shape = layout.shape();
+    if shape.num_dims() != 2 {
+        return None;
+    }
+    let (d_in, d_out) = (shape[0], shape[1]);
+    if *layout.strides() != [1, d_in as isize] {
+        return None;
+    }
+    let start = layout.start_offset();
+    weight.storage().get(start..start + d_in * d_out)
 }
 
 fn flex(tensor: Tensor<FlexBackend, 3>) -> FlexTensor {
@@ -134,6 +226,16 @@ fn rows(tensor: &FlexTensor) -> Option<Rows<'_>> {
         }),
         _ => None,
     }
+}
+
+/// [`Kernels::linear_forward`] as one 2-D matrix product (burn-flex's batched path handles a
+/// column-major weight poorly).
+pub fn reference_linear<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>) -> Tensor<B, 3> {
+    let [batch, seq, d_in] = x.dims();
+    let d_out = weight.dims()[1];
+    x.reshape([batch * seq, d_in])
+        .matmul(weight)
+        .reshape([batch, seq, d_out])
 }
 
 /// [`Kernels::causal_attention`] from tensor ops: each group of query heads folded into

@@ -2,31 +2,110 @@
 //! (libm's `expf` is a scalar call per element) and row reductions in independent lanes.
 //!
 //! Nothing here is written with intrinsics. The loops are plain Rust shaped so LLVM
-//! vectorizes them (branch-free bodies, `LANES` independent accumulators), and
-//! [`vectorized`] compiles its closure a second time with AVX-512 enabled, chosen at run time,
-//! so the same binary runs on any x86-64 and uses 16-wide registers where they exist.
+//! vectorizes them (branch-free bodies, `LANES` independent accumulators), and each public
+//! kernel is compiled twice, as built and with AVX-512, and picks one at run time, so the
+//! same binary runs on any x86-64 and uses 16-wide registers where they exist.
 
 /// Independent accumulators per reduction: one AVX-512 register of f32.
 const LANES: usize = 16;
 
-/// Runs `work` compiled for AVX-512 (with FMA) when the CPU has it, else as built.
-///
-/// `work` and everything it inlines (the `#[inline(always)]` helpers below) is compiled
-/// into [`with_avx512`], so it picks up that function's target features.
-#[inline(always)]
-pub fn vectorized<R>(work: impl FnOnce() -> R) -> R {
-    #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
-        // SAFETY: the features `with_avx512` enables were just detected on this CPU.
-        return unsafe { with_avx512(work) };
-    }
-    work()
+/// Defines `pub fn $name` running `$body` compiled with AVX-512 (and FMA) when the CPU has
+/// it. The body and the `#[inline(always)]` helpers it calls are inlined into a function
+/// with those target features; a closure would not be (LLVM declines to inline a large
+/// one), which silently leaves the loops at 4-wide SSE.
+macro_rules! multiversioned {
+    ($(#[$meta:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$meta])*
+        pub fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn portable($($arg: $ty),*) $body
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx2,fma")]
+            unsafe fn avx512($($arg: $ty),*) {
+                portable($($arg),*)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: the features `avx512` is compiled with were just detected.
+                return unsafe { avx512($($arg),*) };
+            }
+            portable($($arg),*)
+        }
+    };
 }
 
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx2,fma")]
-unsafe fn with_avx512<R>(work: impl FnOnce() -> R) -> R {
-    work()
+multiversioned! {
+    /// Causal softmax numerators: row `r` of `scores` (rows of `width`) keeps its first
+    /// `first_seen + r` entries as `e^(x - max)` and zeroes the rest, and `inverse_sums[r]`
+    /// gets `1 / sum` of the kept ones, so the caller can normalise after multiplying by the
+    /// values.
+    pub fn causal_softmax_rows(
+        scores: &mut [f32],
+        width: usize,
+        first_seen: usize,
+        inverse_sums: &mut [f32],
+    ) {
+        let rows = scores.chunks_exact_mut(width).zip(inverse_sums);
+        for (r, (row, inverse_sum)) in rows.enumerate() {
+            let (seen, masked) = row.split_at_mut(first_seen + r);
+            *inverse_sum = 1.0 / exp_shifted_sum(seen, max(seen));
+            masked.fill(0.0);
+        }
+    }
+}
+
+multiversioned! {
+    /// `gate[i] = silu(gate[i]) * up[i]`, with `silu(x) = x / (1 + e^-x)` as in PyTorch.
+    pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
+        for (g, &u) in gate.iter_mut().zip(up) {
+            *g = *g / (1.0 + exp(-*g)) * u;
+        }
+    }
+}
+
+multiversioned! {
+    /// Matrix-vector product over rows: `out[j] = weight[j] · x`, where `weight` holds
+    /// `out.len()` rows of `x.len()` (a `[d_in, d_out]` weight stored column-major).
+    ///
+    /// Four rows at a time, so each load of `x` feeds four multiply-adds and the weights,
+    /// the only large operand, stream through once in memory order. Rows whose length is
+    /// not a multiple of `LANES` (no Llama's is) take a plain loop.
+    pub fn matvec(weight: &[f32], x: &[f32], out: &mut [f32]) {
+        let d_in = x.len();
+        let dot = |row: &[f32]| row.iter().zip(x).map(|(w, x)| w * x).sum();
+        if !d_in.is_multiple_of(LANES) {
+            for (row, out) in weight.chunks_exact(d_in).zip(out) {
+                *out = dot(row);
+            }
+            return;
+        }
+        let whole_blocks = out.len() / 4 * 4;
+        let (blocked, rest) = out.split_at_mut(whole_blocks);
+        for (block, out) in weight.chunks_exact(4 * d_in).zip(blocked.chunks_exact_mut(4)) {
+            let (r0, block) = block.split_at(d_in);
+            let (r1, block) = block.split_at(d_in);
+            let (r2, r3) = block.split_at(d_in);
+            let mut lanes = [[0.0f32; LANES]; 4];
+            let rows = r0.chunks_exact(LANES).zip(r1.chunks_exact(LANES));
+            let rows = rows.zip(r2.chunks_exact(LANES)).zip(r3.chunks_exact(LANES));
+            for (xs, (((w0, w1), w2), w3)) in x.chunks_exact(LANES).zip(rows) {
+                for i in 0..LANES {
+                    lanes[0][i] += w0[i] * xs[i];
+                    lanes[1][i] += w1[i] * xs[i];
+                    lanes[2][i] += w2[i] * xs[i];
+                    lanes[3][i] += w3[i] * xs[i];
+                }
+            }
+            for (out, lanes) in out.iter_mut().zip(&lanes) {
+                *out = lanes.iter().sum();
+            }
+        }
+        for (row, out) in weight[whole_blocks * d_in..].chunks_exact(d_in).zip(rest) {
+            *out = dot(row);
+        }
+    }
 }
 
 /// `e^x` to within 2 ulp for `x` in [-87, 88] (clamped outside it: `exp(-inf)` is
@@ -91,14 +170,6 @@ pub fn exp_shifted_sum(row: &mut [f32], shift: f32) -> f32 {
     lanes.iter().sum::<f32>() + tail_sum
 }
 
-/// `gate[i] = silu(gate[i]) * up[i]`, with `silu(x) = x / (1 + e^-x)` as in PyTorch.
-#[inline(always)]
-pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
-    for (g, &u) in gate.iter_mut().zip(up) {
-        *g = *g / (1.0 + exp(-*g)) * u;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -123,24 +194,40 @@ mod tests {
     }
 
     #[test]
-    fn vectorized_paths_match_scalar_ones() {
-        let row: Vec<f32> = (0..1000)
+    fn kernels_match_their_scalar_definitions() {
+        let width = 1000;
+        let row: Vec<f32> = (0..width)
             .map(|i| ((i * 37) % 101) as f32 * 0.13 - 6.0)
             .collect();
-        assert_eq!(
-            vectorized(|| max(&row)),
-            row.iter().copied().fold(f32::MIN, f32::max)
-        );
-        let mut fast = row.clone();
-        let sum = vectorized(|| exp_shifted_sum(&mut fast, 7.0));
-        let exact: Vec<f32> = row.iter().map(|x| (x - 7.0).exp()).collect();
-        for (a, b) in fast.iter().zip(&exact) {
-            assert!(ulps(*a, *b) <= 2);
+        let (rows, first_seen) = (3, 990);
+        let mut scores = row.repeat(rows);
+        let mut inverse_sums = [0.0; 3];
+        causal_softmax_rows(&mut scores, width, first_seen, &mut inverse_sums);
+        for (r, out) in scores.chunks(width).enumerate() {
+            let seen = first_seen + r;
+            let max = row[..seen].iter().copied().fold(f32::MIN, f32::max);
+            let exact: Vec<f32> = row[..seen].iter().map(|x| (x - max).exp()).collect();
+            for (a, b) in out.iter().zip(&exact) {
+                assert!(ulps(*a, *b) <= 2, "{a} vs {b}");
+            }
+            assert!(out[seen..].iter().all(|&x| x == 0.0));
+            let sum: f32 = exact.iter().sum();
+            assert!((1.0 / inverse_sums[r] - sum).abs() <= 1e-5 * sum);
         }
-        let exact_sum: f32 = exact.iter().sum();
-        assert!((sum - exact_sum).abs() <= 1e-5 * exact_sum);
+        let (d_in, d_out) = (37, 11); // neither a multiple of the lanes nor of 4 rows
+        let weight: Vec<f32> = (0..d_in * d_out).map(|i| (i % 13) as f32 - 6.0).collect();
+        let x: Vec<f32> = (0..d_in).map(|i| i as f32 * 0.5).collect();
+        let mut out = vec![0.0; d_out];
+        matvec(&weight, &x, &mut out);
+        for (row, got) in weight.chunks(d_in).zip(&out) {
+            let want: f32 = row.iter().zip(&x).map(|(w, x)| w * x).sum();
+            assert_eq!(
+                *got, want,
+                "small integers: every order of summation is exact"
+            );
+        }
         let mut gate = row.clone();
-        vectorized(|| silu_mul(&mut gate, &row));
+        silu_mul(&mut gate, &row);
         for ((s, g), u) in gate.iter().zip(&row).zip(&row) {
             let want = g / (1.0 + (-g).exp()) * u;
             assert!(

@@ -194,19 +194,36 @@ fn child(cli: &Cli, backend: &str, threads: usize) -> Result<Sample> {
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
-/// Streaming read bandwidth: `threads` threads each sum their share of a 1 GiB buffer,
-/// far larger than any cache; best of 3 passes.
+/// Streaming read bandwidth: `threads` threads each sum their share of a 1 GiB buffer, far
+/// larger than any cache, as four concurrent streams (a single stream per core leaves the
+/// prefetchers idle and under-reports what the matrix-vector kernel, reading four weight
+/// rows at once, can draw); best of 3 passes.
 fn read_bandwidth_gb_s(threads: usize) -> f64 {
+    const STREAMS: usize = 4;
     let words = (1usize << 30) / 8;
     let buffer: Vec<u64> = (0..words as u64).collect();
     let chunk = words.div_ceil(threads);
+    let sum_streams = |part: &[u64]| {
+        const LANES: usize = 8;
+        let len = part.len() / STREAMS;
+        let [a, b, c, d] = [0, 1, 2, 3].map(|i| part[i * len..(i + 1) * len].chunks_exact(LANES));
+        let mut sums = [[0u64; LANES]; STREAMS];
+        for (((a, b), c), d) in a.zip(b).zip(c).zip(d) {
+            for (sum, stream) in sums.iter_mut().zip([a, b, c, d]) {
+                for i in 0..LANES {
+                    sum[i] = sum[i].wrapping_add(stream[i]);
+                }
+            }
+        }
+        sums.iter().flatten().fold(0u64, |a, &b| a.wrapping_add(b))
+    };
     let mut best = 0.0f64;
     for _ in 0..3 {
         let t = Instant::now();
         let total: u64 = std::thread::scope(|s| {
             let handles: Vec<_> = buffer
                 .chunks(chunk)
-                .map(|part| s.spawn(move || part.iter().fold(0u64, |a, &x| a.wrapping_add(x))))
+                .map(|part| s.spawn(move || sum_streams(part)))
                 .collect();
             handles
                 .into_iter()

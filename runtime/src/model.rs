@@ -327,11 +327,9 @@ impl<B: Kernels> Attention<B> {
 
 impl<B: Kernels> Mlp<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let gate = project(&self.gate_proj, x.clone());
-        project(
-            &self.down_proj,
-            B::silu_mul(gate, project(&self.up_proj, x)),
-        )
+        let weights = [&self.gate_proj, &self.up_proj].map(|linear| linear.weight.val());
+        let [gate, up] = B::linear_forward(x, weights);
+        project(&self.down_proj, B::silu_mul(gate, up))
     }
 }
 

@@ -6,8 +6,9 @@
 //! products. Attention composed from tensor ops materialised every head's full score
 //! matrix (half of it masked), exponentiated all of it with scalar libm calls on one
 //! thread, and copied queries, keys, values and the output between token-major and
-//! head-major layouts; SiLU was another scalar single-threaded pass. The burn-flex
-//! overrides below do each in one parallel, vectorized pass. burn-ndarray, kept for
+//! head-major layouts; SiLU was another scalar single-threaded pass. Decoding, a
+//! matrix-vector product per weight, ran each product on one thread through gemm. The
+//! burn-flex overrides below do each in one parallel, vectorized pass. burn-ndarray, kept for
 //! comparison, uses the defaults, which also serve as the reference the tests hold the
 //! fused kernels to.
 
@@ -96,6 +97,11 @@ impl Kernels for FlexBackend {
     }
 
     fn silu_mul(gate: Tensor<Self, 3>, up: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        assert_eq!(
+            gate.dims(),
+            up.dims(),
+            "silu_mul: gate and up shapes differ"
+        );
         let up = flex(up).to_contiguous();
         let up: &[f32] = up.storage();
         // In place when the gate projection's output is not shared (it never is here).
@@ -162,7 +168,8 @@ fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
             shares[0].push((rows, out));
             continue;
         }
-        // Whole blocks of four rows per thread, the kernel's unit.
+        // A multiple of four rows per thread: each share splits into the kernel's four
+        // quarters with no row left to its slow path.
         let per_thread = d_out.div_ceil(threads).next_multiple_of(4);
         let parts = rows
             .chunks(per_thread * x.len())

@@ -223,7 +223,7 @@ impl<B: Kernels> Llama<B> {
             x = layer.forward(x, layer_cache, rope, &step);
         }
         cache.advance(seq);
-        self.norm.forward(x)
+        B::rms_norm(&self.norm, x)
     }
 
     /// Re-lays every projection weight out in memory as `[d_out, d_in]` (each output's
@@ -290,8 +290,11 @@ impl<B: Kernels> DecoderLayer<B> {
         let h = x.clone()
             + self
                 .self_attn
-                .forward(self.input_layernorm.forward(x), cache, rope, step);
-        h.clone() + self.mlp.forward(self.post_attention_layernorm.forward(h))
+                .forward(B::rms_norm(&self.input_layernorm, x), cache, rope, step);
+        h.clone()
+            + self
+                .mlp
+                .forward(B::rms_norm(&self.post_attention_layernorm, h))
     }
 }
 

@@ -15,6 +15,7 @@
 mod attention;
 mod simd;
 
+use burn::nn::RmsNorm;
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
@@ -54,6 +55,11 @@ pub trait Kernels: Backend {
     /// SwiGLU's gating: `silu(gate) * up`, element-wise.
     fn silu_mul(gate: Tensor<Self, 3>, up: Tensor<Self, 3>) -> Tensor<Self, 3> {
         silu(gate) * up
+    }
+
+    /// `norm.forward(x)` for `x: [batch, seq, hidden]`.
+    fn rms_norm(norm: &RmsNorm<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        norm.forward(x)
     }
 
     /// Bias-free linear layers of one input: `x: [batch, seq, d_in]` times each
@@ -116,6 +122,35 @@ impl Kernels for FlexBackend {
                 .for_each(|(g, u)| simd::silu_mul(g, u));
         }
         from_flex(gate)
+    }
+
+    /// One pass per row instead of Burn's five tensor ops (square, mean, add, sqrt, divide,
+    /// scale), 61 times per decoded token.
+    fn rms_norm(norm: &RmsNorm<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        let [batch, seq, width] = x.dims();
+        let gamma = norm.gamma.val().into_primitive().tensor().to_contiguous();
+        let gamma: &[f32] = gamma.storage();
+        assert_eq!(
+            gamma.len(),
+            width,
+            "rms_norm: gamma and rows differ in width"
+        );
+        let x = flex(x).to_contiguous();
+        let x: &[f32] = x.storage();
+        let mut out = vec![0.0f32; x.len()];
+        let epsilon = norm.epsilon as f32;
+        const ROWS: usize = 32;
+        if batch * seq <= ROWS {
+            simd::rms_norm_rows(x, gamma, epsilon, &mut out);
+        } else {
+            out.par_chunks_mut(ROWS * width)
+                .zip(x.par_chunks(ROWS * width))
+                .for_each(|(out, x)| simd::rms_norm_rows(x, gamma, epsilon, out));
+        }
+        from_flex(FlexTensor::from_data(TensorData::new(
+            out,
+            [batch, seq, width],
+        )))
     }
 
     fn linear_forward<const N: usize>(
@@ -343,6 +378,21 @@ mod tests {
                 reference_attention(queries.clone(), keys.clone(), values.clone(), heads);
             let fused = FlexBackend::causal_attention(queries, keys, values, heads);
             assert_close(fused, reference);
+        }
+    }
+
+    #[test]
+    fn fused_rms_norm_matches_the_reference() {
+        let norm = burn::nn::RmsNormConfig::new(40)
+            .with_epsilon(1e-5)
+            .init::<FlexBackend>(&Default::default());
+        let norm = RmsNorm {
+            gamma: norm.gamma.map(|_| random([1, 1, 40]).reshape([40])),
+            ..norm
+        };
+        for rows in [1, 100] {
+            let x = random([1, rows, 40]) * 3.0;
+            assert_close(FlexBackend::rms_norm(&norm, x.clone()), norm.forward(x));
         }
     }
 

@@ -57,6 +57,29 @@ multiversioned! {
 }
 
 multiversioned! {
+    /// RMSNorm of each `gamma.len()`-wide row of `x` into `out`:
+    /// `x / sqrt(mean(x²) + epsilon) * gamma` (transformers' `LlamaRMSNorm`).
+    pub fn rms_norm_rows(x: &[f32], gamma: &[f32], epsilon: f32, out: &mut [f32]) {
+        let width = gamma.len();
+        for (row, out) in x.chunks_exact(width).zip(out.chunks_exact_mut(width)) {
+            let mut lanes = [0.0f32; LANES];
+            let mut chunks = row.chunks_exact(LANES);
+            for chunk in &mut chunks {
+                for (lane, &v) in lanes.iter_mut().zip(chunk) {
+                    *lane += v * v;
+                }
+            }
+            let tail: f32 = chunks.remainder().iter().map(|v| v * v).sum();
+            let mean_square = (lanes.iter().sum::<f32>() + tail) / width as f32;
+            let inverse_rms = 1.0 / (mean_square + epsilon).sqrt();
+            for ((o, &v), &g) in out.iter_mut().zip(row).zip(gamma) {
+                *o = v * inverse_rms * g;
+            }
+        }
+    }
+}
+
+multiversioned! {
     /// `gate[i] = silu(gate[i]) * up[i]`, with `silu(x) = x / (1 + e^-x)` as in PyTorch.
     pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
         for (g, &u) in gate.iter_mut().zip(up) {
@@ -236,6 +259,23 @@ mod tests {
                 *got, want,
                 "small integers: every order of summation is exact"
             );
+        }
+        let gamma: Vec<f32> = (0..40).map(|i| 0.5 + i as f32 * 0.01).collect();
+        let mut normed = vec![0.0; 1000];
+        rms_norm_rows(&row, &gamma, 1e-5, &mut normed);
+        for ((x, out), gamma) in row
+            .chunks(40)
+            .zip(normed.chunks(40))
+            .zip([&gamma].repeat(25))
+        {
+            let rms = (x.iter().map(|v| (v * v) as f64).sum::<f64>() / 40.0 + 1e-5).sqrt();
+            for ((v, o), g) in x.iter().zip(out).zip(gamma) {
+                let want = *v as f64 / rms * *g as f64;
+                assert!(
+                    (*o as f64 - want).abs() <= 1e-6 * want.abs().max(1e-3),
+                    "{o} vs {want}"
+                );
+            }
         }
         let mut gate = row.clone();
         silu_mul(&mut gate, &row);

@@ -124,7 +124,7 @@ impl Kernels for FlexBackend {
         from_flex(gate)
     }
 
-    /// One pass per row instead of Burn's five tensor ops (square, mean, add, sqrt, divide,
+    /// One pass per row instead of Burn's six tensor ops (square, mean, add, sqrt, divide,
     /// scale), 61 times per decoded token.
     fn rms_norm(norm: &RmsNorm<Self>, x: Tensor<Self, 3>) -> Tensor<Self, 3> {
         let [batch, seq, width] = x.dims();

@@ -229,9 +229,10 @@ impl<B: Kernels> Llama<B> {
     /// Re-lays every projection weight out in memory as `[d_out, d_in]` (each output's
     /// weights contiguous) while its logical shape stays `[d_in, d_out]`, as a transposed view.
     ///
-    /// Burn's matrix-vector product streams a weight stored that way 30% faster (gemm takes
-    /// a dot product per output instead of accumulating rows into the whole output), and
-    /// decoding is nothing but such products. Prefill is unaffected: gemm packs either layout.
+    /// Decoding is nothing but matrix-vector products, and a weight stored that way streams as
+    /// one dot product per output: burn-flex's decode kernel (`Kernels::linear_forward`) reads
+    /// only this layout, and gemm's own matrix-vector path is 30% faster on it than on the
+    /// row-major one. Prefill is unaffected: gemm packs either layout.
     /// Layers are re-laid in parallel; each weight needs one temporary copy of itself.
     ///
     /// With `tied` embeddings (config.json's `tie_word_embeddings`, for which the converter

@@ -103,26 +103,15 @@ impl CausalAttention<'_> {
                 // SAFETY: `check_bounds` verified every row and column read here is inside
                 // the buffers; `scores` holds rows * visible elements.
                 unsafe {
-                    gemm::gemm(
-                        rows,
-                        visible,
-                        head_dim,
-                        scores.as_mut_ptr(),
-                        1,
-                        visible as isize,
-                        false,
-                        self.queries.at(batch, first, head * head_dim),
-                        1,
-                        self.queries.row_stride as isize,
-                        self.keys.at(batch, 0, kv_column),
-                        self.keys.row_stride as isize,
-                        1,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
+                    product(
+                        [rows, visible, head_dim],
+                        (scores.as_mut_ptr(), visible),
+                        (
+                            self.queries.at(batch, first, head * head_dim),
+                            self.queries.row_stride,
+                            1,
+                        ),
+                        (self.keys.at(batch, 0, kv_column), 1, self.keys.row_stride),
                     );
                 }
                 let mut inverse_sums = [0.0f32; BLOCK_ROWS];
@@ -133,26 +122,15 @@ impl CausalAttention<'_> {
                 // SAFETY: as above; `out` has `rows` rows of `width`, and this head's columns
                 // `head * head_dim..(head + 1) * head_dim` lie within each.
                 unsafe {
-                    gemm::gemm(
-                        rows,
-                        head_dim,
-                        visible,
-                        out_head,
-                        1,
-                        width as isize,
-                        false,
-                        scores.as_ptr(),
-                        1,
-                        visible as isize,
-                        self.values.at(batch, 0, kv_column),
-                        1,
-                        self.values.row_stride as isize,
-                        0.0,
-                        1.0,
-                        false,
-                        false,
-                        false,
-                        gemm::Parallelism::None,
+                    product(
+                        [rows, head_dim, visible],
+                        (out_head, width),
+                        (scores.as_ptr(), visible, 1),
+                        (
+                            self.values.at(batch, 0, kv_column),
+                            self.values.row_stride,
+                            1,
+                        ),
                     );
                 }
                 for (r, inverse_sum) in inverse_sums[..rows].iter().enumerate() {
@@ -188,6 +166,45 @@ impl CausalAttention<'_> {
         last(&self.queries, self.seq, n_heads * head_dim);
         last(&self.keys, self.start + self.seq, n_kv_heads * head_dim);
         last(&self.values, self.start + self.seq, n_kv_heads * head_dim);
+    }
+}
+
+/// `dst = lhs · rhs` on the calling thread, for `[m, n, k]`: an `m × k` lhs and a `k × n`
+/// rhs, each given as (pointer, row stride, column stride), into a row-major `dst` given as
+/// (pointer, row stride).
+///
+/// # Safety
+/// Every element of the three matrices those pointers and strides describe must lie inside
+/// one live allocation, and `dst` must not overlap the others.
+unsafe fn product(
+    [m, n, k]: [usize; 3],
+    (dst, dst_row_stride): (*mut f32, usize),
+    (lhs, lhs_row_stride, lhs_column_stride): (*const f32, usize, usize),
+    (rhs, rhs_row_stride, rhs_column_stride): (*const f32, usize, usize),
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        gemm::gemm(
+            m,
+            n,
+            k,
+            dst,
+            1,
+            dst_row_stride as isize,
+            false, // dst is overwritten, not read
+            lhs,
+            lhs_column_stride as isize,
+            lhs_row_stride as isize,
+            rhs,
+            rhs_column_stride as isize,
+            rhs_row_stride as isize,
+            0.0,
+            1.0,
+            false,
+            false,
+            false,
+            gemm::Parallelism::None,
+        );
     }
 }
 

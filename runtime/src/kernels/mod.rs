@@ -96,10 +96,7 @@ impl Kernels for FlexBackend {
             heads,
         }
         .run();
-        from_flex(FlexTensor::from_data(TensorData::new(
-            out,
-            [batch, seq, width],
-        )))
+        from_values(out, [batch, seq, width])
     }
 
     fn silu_mul(gate: Tensor<Self, 3>, up: Tensor<Self, 3>) -> Tensor<Self, 3> {
@@ -147,10 +144,7 @@ impl Kernels for FlexBackend {
                 .zip(x.par_chunks(ROWS * width))
                 .for_each(|(out, x)| simd::rms_norm_rows(x, gamma, epsilon, out));
         }
-        from_flex(FlexTensor::from_data(TensorData::new(
-            out,
-            [batch, seq, width],
-        )))
+        from_values(out, [batch, seq, width])
     }
 
     fn linear_forward<const N: usize>(
@@ -164,7 +158,7 @@ impl Kernels for FlexBackend {
             let x = flex(x).to_contiguous();
             let mut outs = matvecs(&rows, x.storage()).into_iter().map(|out| {
                 let d_out = out.len();
-                from_flex(FlexTensor::from_data(TensorData::new(out, [1, 1, d_out])))
+                from_values(out, [1, 1, d_out])
             });
             return std::array::from_fn(|_| outs.next().expect("one output per weight"));
         }
@@ -243,6 +237,11 @@ fn flex(tensor: Tensor<FlexBackend, 3>) -> FlexTensor {
 
 fn from_flex(tensor: FlexTensor) -> Tensor<FlexBackend, 3> {
     Tensor::from_primitive(TensorPrimitive::Float(tensor))
+}
+
+/// A kernel's output buffer as a burn-flex tensor, without copying it.
+fn from_values(values: Vec<f32>, shape: [usize; 3]) -> Tensor<FlexBackend, 3> {
+    from_flex(FlexTensor::from_data(TensorData::new(values, shape)))
 }
 
 /// `tensor` as a burn-flex tensor whose rows are contiguous: as it is when they already are

@@ -162,29 +162,46 @@ impl<B: Kernels> Generator<B> {
         let mut out = Vec::new();
         let n_chunks = ids.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
-            let tokens: Vec<i64> = chunk.iter().map(|&id| i64::from(id)).collect();
-            let tokens = Tensor::<B, 2, Int>::from_data(
-                TensorData::new(tokens, [1, chunk.len()]),
-                &self.device,
-            );
-            let hidden = self.model.forward(tokens, cache); // [1, n, hidden]
-            if !all && i + 1 < n_chunks {
-                continue;
-            }
-            let [_, n, width] = hidden.dims();
-            let rows = if all {
-                hidden
+            let wanted = all || i + 1 == n_chunks;
+            let logits = if chunk.len() == 1 {
+                B::decode_step(|| self.chunk_logits(chunk, cache, all, wanted))
             } else {
-                hidden.slice([0..1, n - 1..n, 0..width])
+                self.chunk_logits(chunk, cache, all, wanted)
             };
-            let logits = self.model.logits(rows).into_data();
-            out.extend(
-                logits
-                    .into_vec::<f32>()
-                    .map_err(|e| GenerateError::Backend(format!("cannot read logits: {e:?}")))?,
-            );
+            if let Some(logits) = logits {
+                out.extend(
+                    logits.into_vec::<f32>().map_err(|e| {
+                        GenerateError::Backend(format!("cannot read logits: {e:?}"))
+                    })?,
+                );
+            }
         }
         Ok(out)
+    }
+
+    /// Runs one chunk of `tokens` and, if `wanted`, returns the logits of all its positions
+    /// (`all`) or of its last.
+    fn chunk_logits(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache<B>,
+        all: bool,
+        wanted: bool,
+    ) -> Option<TensorData> {
+        let ids: Vec<i64> = tokens.iter().map(|&id| i64::from(id)).collect();
+        let ids =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, tokens.len()]), &self.device);
+        let hidden = self.model.forward(ids, cache); // [1, n, hidden]
+        if !wanted {
+            return None;
+        }
+        let [_, n, width] = hidden.dims();
+        let rows = if all {
+            hidden
+        } else {
+            hidden.slice([0..1, n - 1..n, 0..width])
+        };
+        Some(self.model.logits(rows).into_data())
     }
 
     /// Generates a continuation of `prompt` (token ids), calling `on_text` with each piece of

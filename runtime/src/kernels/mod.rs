@@ -14,6 +14,7 @@
 
 mod attention;
 mod simd;
+mod team;
 
 use burn::nn::RmsNorm;
 use burn::tensor::activation::{silu, softmax};
@@ -21,6 +22,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
+use std::sync::{Mutex, PoisonError};
 
 use crate::{FlexBackend, NdArrayBackend};
 use attention::{CausalAttention, Rows};
@@ -71,11 +73,22 @@ pub trait Kernels: Backend {
     ) -> [Tensor<Self, 3>; N] {
         weights.map(|weight| reference_linear(x.clone(), weight))
     }
+
+    /// Runs `work`, the forward pass of one decoded token: a burst of small parallel
+    /// regions that a backend may want to run on threads kept ready.
+    fn decode_step<R>(work: impl FnOnce() -> R) -> R {
+        work()
+    }
 }
 
 impl Kernels for NdArrayBackend {}
 
 impl Kernels for FlexBackend {
+    /// Keeps the pool's other threads spinning for the step: see `team`.
+    fn decode_step<R>(work: impl FnOnce() -> R) -> R {
+        team::with_team(work)
+    }
+
     fn causal_attention(
         queries: Tensor<Self, 3>,
         keys: Tensor<Self, 3>,
@@ -181,9 +194,9 @@ const MIN_MATVEC_ROWS_PER_THREAD: usize = 64;
 ///
 /// Decoding one token is nothing but such products, bound by how fast the weights stream
 /// from memory. burn-flex runs each on one thread through gemm; every thread streaming its
-/// own contiguous share of rows uses more of the machine's bandwidth, and one parallel
-/// region per group of products sharing an input (rather than one per product) halves the
-/// hand-offs between threads, hundreds per token.
+/// own contiguous share of rows uses more of the machine's bandwidth. One parallel region
+/// per group of products sharing an input (rather than one per product) halves the
+/// hand-offs between threads, and while decoding they go to threads kept spinning (`team`).
 fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
     let threads = rayon::current_num_threads();
     let mut outs: Vec<Vec<f32>> = weights
@@ -207,11 +220,15 @@ fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
             share.push(part);
         }
     }
-    shares.into_par_iter().for_each(|share| {
-        for (rows, out) in share {
+    // Each share is taken by exactly one thread; the lock only shows the compiler that.
+    let shares: Vec<Mutex<_>> = shares.into_iter().map(Mutex::new).collect();
+    team::for_each_chunk(shares.len(), &|i| {
+        let mut share = shares[i].lock().unwrap_or_else(PoisonError::into_inner);
+        for (rows, out) in share.iter_mut() {
             simd::matvec(rows, x, out);
         }
     });
+    drop(shares); // ends the borrow of `outs`
     outs
 }
 

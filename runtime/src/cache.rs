@@ -7,6 +7,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use crate::config::LlamaConfig;
+use crate::kernels::Kernels;
 use crate::model::Rope;
 
 /// Keys and values of one layer: `[batch, capacity, n_kv_heads * head_dim]` each, the
@@ -73,7 +74,7 @@ impl<B: Backend> KvCache<B> {
     }
 }
 
-impl<B: Backend> LayerCache<B> {
+impl<B: Kernels> LayerCache<B> {
     /// Stores `k`, `v` (`[batch, seq, n_kv * head_dim]`) after the cached positions and
     /// returns all keys and values so far, `[batch, len + seq, n_kv * head_dim]` (views of
     /// the buffers, not copies).
@@ -88,10 +89,10 @@ impl<B: Backend> LayerCache<B> {
         let (start, end) = (self.len, self.len + seq);
         let keys = self.keys.take().expect("cache buffer present");
         let values = self.values.take().expect("cache buffer present");
-        let [batch, capacity, width] = keys.dims();
+        let capacity = keys.dims()[1];
         assert!(end <= capacity, "KV cache overflow: {end} > {capacity}");
-        let keys = keys.slice_assign([0..batch, start..end, 0..width], k);
-        let values = values.slice_assign([0..batch, start..end, 0..width], v);
+        let keys = B::write_rows(keys, start, k);
+        let values = B::write_rows(values, start, v);
         self.len = end;
         let out = (
             keys.clone().narrow(1, 0, end),

@@ -74,6 +74,12 @@ pub trait Kernels: Backend {
         weights.map(|weight| reference_linear(x.clone(), weight))
     }
 
+    /// `buffer: [batch, capacity, width]` with `rows: [batch, seq, width]` written over its
+    /// positions `start..start + seq`: how the KV cache appends.
+    fn write_rows(buffer: Tensor<Self, 3>, start: usize, rows: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        reference_write_rows(buffer, start, rows)
+    }
+
     /// Runs `work`, the forward pass of one decoded token: a burst of small parallel
     /// regions that a backend may want to run on threads kept ready.
     fn decode_step<R>(work: impl FnOnce() -> R) -> R {
@@ -158,6 +164,36 @@ impl Kernels for FlexBackend {
                 .for_each(|(out, x)| simd::rms_norm_rows(x, gamma, epsilon, out));
         }
         from_values(out, [batch, seq, width])
+    }
+
+    /// In place, when this is the buffer's only handle (the KV cache's is). burn-flex 0.21's
+    /// `slice_assign` copies the whole destination on every call even then
+    /// (tracel-ai/burn#5575, fixed after 0.21): every layer's whole cache, every token.
+    fn write_rows(buffer: Tensor<Self, 3>, start: usize, rows: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        let [batch, capacity, width] = buffer.dims();
+        let [_, seq, _] = rows.dims();
+        assert_eq!(
+            rows.dims(),
+            [batch, seq, width],
+            "write_rows: rows and buffer differ"
+        );
+        assert!(
+            start + seq <= capacity,
+            "write_rows: {} rows past {capacity}",
+            start + seq
+        );
+        let mut buffer = flex(buffer);
+        if !buffer.is_contiguous() || buffer.layout().start_offset() != 0 {
+            return reference_write_rows(from_flex(buffer), start, rows);
+        }
+        let rows = flex(rows).to_contiguous();
+        let rows: &[f32] = rows.storage();
+        let dst: &mut [f32] = buffer.storage_mut(); // copies only if the storage is shared
+        for (b, rows) in rows.chunks_exact(seq * width).enumerate() {
+            let at = (b * capacity + start) * width;
+            dst[at..at + rows.len()].copy_from_slice(rows);
+        }
+        from_flex(buffer)
     }
 
     fn linear_forward<const N: usize>(
@@ -296,6 +332,16 @@ pub fn reference_linear<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>) -> Te
         .reshape([batch, seq, d_out])
 }
 
+/// [`Kernels::write_rows`] as Burn's `slice_assign`.
+pub fn reference_write_rows<B: Backend>(
+    buffer: Tensor<B, 3>,
+    start: usize,
+    rows: Tensor<B, 3>,
+) -> Tensor<B, 3> {
+    let [batch, seq, width] = rows.dims();
+    buffer.slice_assign([0..batch, start..start + seq, 0..width], rows)
+}
+
 /// [`Kernels::causal_attention`] from tensor ops: each group of query heads folded into
 /// the rows of its key/value head, full score matrices, an additive causal mask, softmax.
 pub fn reference_attention<B: Backend>(
@@ -395,6 +441,24 @@ mod tests {
             let fused = FlexBackend::causal_attention(queries, keys, values, heads);
             assert_close(fused, reference);
         }
+    }
+
+    /// Writes what `slice_assign` writes, into the buffer it was given (no copy of it).
+    #[test]
+    fn write_rows_matches_the_reference_in_place() {
+        let buffer = random([2, 10, 8]);
+        let rows = random([2, 3, 8]);
+        let reference = reference_write_rows(buffer.clone(), 4, rows.clone());
+        let address = |t: &Tensor<FlexBackend, 3>| {
+            let tensor = flex(t.clone());
+            let storage: &[f32] = tensor.storage();
+            storage.as_ptr()
+        };
+        let buffer = buffer + 0.0; // a fresh buffer with one handle, as the cache's is
+        let before = address(&buffer);
+        let written = FlexBackend::write_rows(buffer, 4, rows);
+        assert_eq!(address(&written), before, "the buffer was copied");
+        assert_close(written, reference);
     }
 
     #[test]

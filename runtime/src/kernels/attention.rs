@@ -13,6 +13,7 @@ use rayon::prelude::*;
 
 use super::Heads;
 use super::simd;
+use super::team;
 
 /// Query rows per parallel task: the row count of gemm's f32 AVX-512 microkernel.
 const BLOCK_ROWS: usize = 64;
@@ -31,7 +32,21 @@ pub struct Rows<'a> {
     pub row_stride: usize,
 }
 
-impl Rows<'_> {
+impl<'a> Rows<'a> {
+    /// The part of the buffer from element `column` of row `row` of batch `batch` to the end
+    /// of the `width` columns of row `row + n_rows - 1`.
+    fn slice(
+        &self,
+        batch: usize,
+        row: usize,
+        column: usize,
+        n_rows: usize,
+        width: usize,
+    ) -> &'a [f32] {
+        let first = self.offset + batch * self.batch_stride + row * self.row_stride + column;
+        &self.data[first..first + (n_rows - 1) * self.row_stride + width]
+    }
+
     /// Pointer to element `column` of row `row` of batch `batch`, checked against the buffer.
     fn at(&self, batch: usize, row: usize, column: usize) -> *const f32 {
         let index = self.offset + batch * self.batch_stride + row * self.row_stride + column;
@@ -62,7 +77,20 @@ impl CausalAttention<'_> {
         // Work of the whole call in multiply-adds: two products over the visible keys.
         let work = self.batch * self.seq * (self.start + self.seq) * width * 2;
         let entry_len = self.seq * width;
-        if work < MIN_PARALLEL_WORK {
+        if self.seq == 1 {
+            // Decoding: each head's row is a task, for the team kept spinning per token.
+            let head_dim = self.heads.head_dim;
+            let heads = out.chunks_mut(width).enumerate().flat_map(|(batch, row)| {
+                let heads = row.chunks_mut(head_dim).enumerate();
+                heads.map(move |(head, out)| (batch, head, out))
+            });
+            team::for_each_part(heads.collect(), |(batch, head, out)| {
+                SCORES.with_borrow_mut(|scores| {
+                    scores.resize(self.start + 1, 0.0);
+                    self.one_row(batch, 0, head, scores, out);
+                })
+            });
+        } else if work < MIN_PARALLEL_WORK {
             for (batch, entry) in out.chunks_mut(entry_len).enumerate() {
                 for (i, block) in entry.chunks_mut(BLOCK_ROWS * width).enumerate() {
                     self.block(batch, i * BLOCK_ROWS, block);
@@ -86,61 +114,101 @@ impl CausalAttention<'_> {
     /// output (at most `BLOCK_ROWS` rows of `n_heads * head_dim`).
     fn block(&self, batch: usize, first: usize, out: &mut [f32]) {
         let Heads {
-            n_heads,
-            n_kv_heads,
-            head_dim,
+            n_heads, head_dim, ..
         } = self.heads;
         let width = n_heads * head_dim;
         let rows = out.len() / width;
         // The block's last row sees the most keys; earlier rows mask the rest of theirs.
         let visible = self.start + first + rows;
-        let group = n_heads / n_kv_heads;
         SCORES.with_borrow_mut(|scores| {
             scores.resize(rows * visible, 0.0);
             for head in 0..n_heads {
-                let kv_column = head / group * head_dim;
-                // scores[r, j] = q[first + r, head] · k[j, kv]
-                // SAFETY: `check_bounds` verified every row and column read here is inside
-                // the buffers; `scores` holds rows * visible elements.
-                unsafe {
-                    product(
-                        [rows, visible, head_dim],
-                        (scores.as_mut_ptr(), visible),
-                        (
-                            self.queries.at(batch, first, head * head_dim),
-                            self.queries.row_stride,
-                            1,
-                        ),
-                        (self.keys.at(batch, 0, kv_column), 1, self.keys.row_stride),
-                    );
-                }
-                let mut inverse_sums = [0.0f32; BLOCK_ROWS];
-                let first_seen = self.start + first + 1;
-                simd::causal_softmax_rows(scores, visible, first_seen, &mut inverse_sums);
-                // out[r, head] = softmax(scores)[r] · v[.., kv]
-                let out_head = out[head * head_dim..].as_mut_ptr();
-                // SAFETY: as above; `out` has `rows` rows of `width`, and this head's columns
-                // `head * head_dim..(head + 1) * head_dim` lie within each.
-                unsafe {
-                    product(
-                        [rows, head_dim, visible],
-                        (out_head, width),
-                        (scores.as_ptr(), visible, 1),
-                        (
-                            self.values.at(batch, 0, kv_column),
-                            self.values.row_stride,
-                            1,
-                        ),
-                    );
-                }
-                for (r, inverse_sum) in inverse_sums[..rows].iter().enumerate() {
-                    let start = r * width + head * head_dim;
-                    for x in &mut out[start..start + head_dim] {
-                        *x *= inverse_sum;
-                    }
+                let out_head = &mut out[head * head_dim..];
+                if rows == 1 {
+                    self.one_row(batch, first, head, scores, out_head);
+                } else {
+                    self.rows(batch, first, head, scores, out_head);
                 }
             }
         });
+    }
+
+    /// One query row and one head (decoding): dot products and a weighted sum of rows, on
+    /// the calling thread. gemm's setup costs more than the work at this size (two calls per
+    /// head and layer, 540 per token).
+    fn one_row(&self, batch: usize, row: usize, head: usize, scores: &mut [f32], out: &mut [f32]) {
+        let head_dim = self.heads.head_dim;
+        let kv_column = self.kv_column(head);
+        let visible = scores.len();
+        let query = self.queries.slice(batch, row, head * head_dim, 1, head_dim);
+        let keys = self.keys.slice(batch, 0, kv_column, visible, head_dim);
+        let values = self.values.slice(batch, 0, kv_column, visible, head_dim);
+        simd::dot_rows(query, keys, self.keys.row_stride, scores);
+        let mut inverse_sum = [0.0f32];
+        simd::causal_softmax_rows(scores, visible, visible, &mut inverse_sum);
+        let out = &mut out[..head_dim];
+        simd::weighted_row_sum(scores, values, self.values.row_stride, out);
+        out.iter_mut().for_each(|x| *x *= inverse_sum[0]);
+    }
+
+    /// First column of the key/value head that query head `head` reads.
+    fn kv_column(&self, head: usize) -> usize {
+        let group = self.heads.n_heads / self.heads.n_kv_heads;
+        head / group * self.heads.head_dim
+    }
+
+    /// The block of query rows from `first` and one head, through gemm.
+    fn rows(
+        &self,
+        batch: usize,
+        first: usize,
+        head: usize,
+        scores: &mut [f32],
+        out_head: &mut [f32],
+    ) {
+        let head_dim = self.heads.head_dim;
+        let width = self.heads.n_heads * head_dim;
+        let kv_column = self.kv_column(head);
+        let rows = (self.seq - first).min(BLOCK_ROWS);
+        let visible = scores.len() / rows;
+        // scores[r, j] = q[first + r, head] · k[j, kv]
+        // SAFETY: `check_bounds` verified every row and column read here is inside
+        // the buffers; `scores` holds rows * visible elements.
+        unsafe {
+            product(
+                [rows, visible, head_dim],
+                (scores.as_mut_ptr(), visible),
+                (
+                    self.queries.at(batch, first, head * head_dim),
+                    self.queries.row_stride,
+                    1,
+                ),
+                (self.keys.at(batch, 0, kv_column), 1, self.keys.row_stride),
+            );
+        }
+        let mut inverse_sums = [0.0f32; BLOCK_ROWS];
+        let first_seen = self.start + first + 1;
+        simd::causal_softmax_rows(scores, visible, first_seen, &mut inverse_sums);
+        // out[r, head] = softmax(scores)[r] · v[.., kv]
+        // SAFETY: as above; `out_head` starts at this head's first column of the block's first
+        // row, and the block's `rows` rows of `width` lie within the output.
+        unsafe {
+            product(
+                [rows, head_dim, visible],
+                (out_head.as_mut_ptr(), width),
+                (scores.as_ptr(), visible, 1),
+                (
+                    self.values.at(batch, 0, kv_column),
+                    self.values.row_stride,
+                    1,
+                ),
+            );
+        }
+        for (r, inverse_sum) in inverse_sums[..rows].iter().enumerate() {
+            for x in &mut out_head[r * width..][..head_dim] {
+                *x *= inverse_sum;
+            }
+        }
     }
 
     /// Panics unless the last element every gemm reads lies inside its buffer (the first

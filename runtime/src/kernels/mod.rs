@@ -22,7 +22,6 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
-use std::sync::{Mutex, PoisonError};
 
 use crate::{FlexBackend, NdArrayBackend};
 use attention::{CausalAttention, Rows};
@@ -256,15 +255,11 @@ fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
             share.push(part);
         }
     }
-    // Each share is taken by exactly one thread; the lock only shows the compiler that.
-    let shares: Vec<Mutex<_>> = shares.into_iter().map(Mutex::new).collect();
-    team::for_each_chunk(shares.len(), &|i| {
-        let mut share = shares[i].lock().unwrap_or_else(PoisonError::into_inner);
-        for (rows, out) in share.iter_mut() {
+    team::for_each_part(shares, |share| {
+        for (rows, out) in share {
             simd::matvec(rows, x, out);
         }
     });
-    drop(shares); // ends the borrow of `outs`
     outs
 }
 

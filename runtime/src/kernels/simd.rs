@@ -125,6 +125,78 @@ multiversioned! {
     }
 }
 
+multiversioned! {
+    /// `scores[j] = query · row j of rows`, rows `stride` apart, each `query.len()` long
+    /// (a query against one head's columns of the token-major KV cache).
+    pub fn dot_rows(query: &[f32], rows: &[f32], stride: usize, scores: &mut [f32]) {
+        for (j, score) in scores.iter_mut().enumerate() {
+            let row = &rows[j * stride..][..query.len()];
+            *score = dot(row, query);
+        }
+    }
+}
+
+multiversioned! {
+    /// `out = Σ_j weights[j] · row j of rows`, rows `stride` apart, each `out.len()` long.
+    pub fn weighted_row_sum(weights: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+        let done = out.len() - out.len() % ROW_BLOCK;
+        let (whole, tail) = out.split_at_mut(done);
+        for (b, out) in whole.chunks_exact_mut(ROW_BLOCK).enumerate() {
+            let out: &mut [f32; ROW_BLOCK] = out.try_into().expect("a whole block");
+            weighted_row_block(weights, &rows[b * ROW_BLOCK..], stride, out);
+        }
+        tail.fill(0.0);
+        for (j, &weight) in weights.iter().enumerate() {
+            let row = &rows[j * stride + done..][..tail.len()];
+            for (o, &v) in tail.iter_mut().zip(row) {
+                *o += weight * v;
+            }
+        }
+    }
+}
+
+/// Columns per block of [`weighted_row_sum`]: four registers, a 64-wide head in one block.
+const ROW_BLOCK: usize = 4 * LANES;
+
+/// One block of [`weighted_row_sum`], summed in fixed-size arrays the compiler keeps in
+/// registers (summing into `out` directly stores and reloads it for every row), two rows
+/// at a time so consecutive adds do not wait on each other.
+#[inline(always)]
+fn weighted_row_block(weights: &[f32], rows: &[f32], stride: usize, out: &mut [f32; ROW_BLOCK]) {
+    let mut sums = [[0.0f32; ROW_BLOCK]; 2];
+    for (j, &weight) in weights.iter().enumerate() {
+        let row: &[f32; ROW_BLOCK] = rows[j * stride..][..ROW_BLOCK]
+            .try_into()
+            .expect("a whole block");
+        let sum = &mut sums[j % 2];
+        for i in 0..ROW_BLOCK {
+            sum[i] += weight * row[i];
+        }
+    }
+    for i in 0..ROW_BLOCK {
+        out[i] = sums[0][i] + sums[1][i];
+    }
+}
+
+/// `a · b` over `LANES` partial sums.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
+    let tail: f32 = a_chunks
+        .remainder()
+        .iter()
+        .zip(b_chunks.remainder())
+        .map(|(a, b)| a * b)
+        .sum();
+    for (a, b) in a_chunks.zip(b_chunks) {
+        for i in 0..LANES {
+            lanes[i] += a[i] * b[i];
+        }
+    }
+    lanes.iter().sum::<f32>() + tail
+}
+
 /// Four dot products with `x` (a multiple of `LANES` long), each over `LANES` partial sums.
 #[inline(always)]
 fn dot4([r0, r1, r2, r3]: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
@@ -259,6 +331,24 @@ mod tests {
                 *got, want,
                 "small integers: every order of summation is exact"
             );
+        }
+        // Attention's row kernels: a query against rows `stride` apart, and back; 70 columns
+        // are one whole block of weighted_row_sum and a tail.
+        let (n_rows, stride, width) = (9, 100, 70);
+        let rows: Vec<f32> = (0..n_rows * stride).map(|i| (i % 11) as f32 - 5.0).collect();
+        let query: Vec<f32> = (0..width).map(|i| (i % 5) as f32 - 2.0).collect();
+        let mut scores = vec![0.0; n_rows];
+        dot_rows(&query, &rows, stride, &mut scores);
+        let mut summed = vec![0.0; width];
+        weighted_row_sum(&scores, &rows, stride, &mut summed);
+        for (j, score) in scores.iter().enumerate() {
+            let row = &rows[j * stride..][..width];
+            let want: f32 = row.iter().zip(&query).map(|(a, b)| a * b).sum();
+            assert_eq!(*score, want, "small integers: exact in any order");
+        }
+        for (c, got) in summed.iter().enumerate() {
+            let want: f32 = (0..n_rows).map(|j| scores[j] * rows[j * stride + c]).sum();
+            assert_eq!(*got, want, "column {c}");
         }
         let gamma: Vec<f32> = (0..40).map(|i| 0.5 + i as f32 * 0.01).collect();
         let mut normed = vec![0.0; 1000];

@@ -12,6 +12,7 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicUsize, Ordering};
+use std::sync::{Mutex, PoisonError};
 use std::thread::ThreadId;
 
 /// Runs `work` on this thread while the other threads of the current rayon pool spin,
@@ -59,6 +60,21 @@ pub fn for_each_chunk(chunks: usize, work: &(dyn Fn(usize) + Sync)) {
     // SAFETY: LEADING points to the team of the enclosing `with_team` call, alive until it
     // returns, and is reset before it does (by `Leading`'s drop, even on a panic).
     unsafe { &*team }.run(&job);
+}
+
+/// Calls `work(part)` for each of `parts`, in parallel as [`for_each_chunk`] does.
+pub fn for_each_part<T: Send>(parts: Vec<T>, work: impl Fn(T) + Sync) {
+    // Each part is taken exactly once; the lock only shows the compiler that.
+    let parts: Vec<Mutex<Option<T>>> = parts.into_iter().map(|p| Mutex::new(Some(p))).collect();
+    for_each_chunk(parts.len(), &|i| {
+        let part = parts[i]
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take();
+        if let Some(part) = part {
+            work(part);
+        }
+    });
 }
 
 thread_local! {

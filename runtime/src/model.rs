@@ -107,28 +107,17 @@ impl LlamaConfig {
     }
 }
 
-/// Rotary position embedding in Hugging Face's `rotate_half` layout: each head's first half
-/// of dimensions pairs with its second half (not adjacent pairs, as Burn's `RotaryEncoding`
-/// assumes), so checkpoints are used with their q/k rows as published.
-/// See transformers' `modeling_llama.apply_rotary_pos_emb`: `x * cos + rotate_half(x) * sin`.
+/// Rotary position embedding tables, in Hugging Face's `rotate_half` layout: each head's
+/// first half of dimensions pairs with its second half (not adjacent pairs, as Burn's
+/// `RotaryEncoding` assumes), so checkpoints are used with their q/k rows as published.
+/// See transformers' `modeling_llama.apply_rotary_pos_emb`: `x * cos + rotate_half(x) * sin`,
+/// done by [`Kernels::rotary`].
 #[derive(Debug, Clone)]
 pub struct Rope<B: Backend> {
     /// `[positions, head_dim]`: `cos(pos * inv_freq)`, the half repeated.
     cos: Tensor<B, 2>,
     /// `[positions, head_dim]`: `sin(pos * inv_freq)`, the half repeated.
     sin: Tensor<B, 2>,
-    /// `[head_dim, head_dim]`: `x.matmul(rotate_half) == rotate_half(x)`. A ±1 permutation,
-    /// so the product is exact; as one matmul on contiguous rows it is far cheaper than
-    /// slicing and concatenating strided halves.
-    rotate_half: Tensor<B, 2>,
-    head_dim: usize,
-}
-
-/// The rotation tables of one forward call, laid out like a projection's output
-/// (`[1, seq, heads * head_dim]`) so the element-wise products run on contiguous data.
-struct RopeRows<B: Backend> {
-    cos: Tensor<B, 3>,
-    sin: Tensor<B, 3>,
 }
 
 impl<B: Backend> Rope<B> {
@@ -148,53 +137,24 @@ impl<B: Backend> Rope<B> {
             cos.extend(angles.iter().chain(&angles).map(|a| a.cos()));
             sin.extend(angles.iter().chain(&angles).map(|a| a.sin()));
         }
-        // rotate_half(x) = cat(-x[half..], x[..half]): output j < half takes -x[j + half],
-        // output j >= half takes x[j - half].
-        let mut rotate_half = vec![0.0f32; dim * dim];
-        for j in 0..half {
-            rotate_half[(j + half) * dim + j] = -1.0;
-            rotate_half[j * dim + j + half] = 1.0;
-        }
-        let table = |v: Vec<f32>, rows| Tensor::from_data(TensorData::new(v, [rows, dim]), device);
+        let table = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [positions, dim]), device);
         Self {
-            cos: table(cos, positions),
-            sin: table(sin, positions),
-            rotate_half: table(rotate_half, dim),
-            head_dim: dim,
+            cos: table(cos),
+            sin: table(sin),
         }
     }
 
-    /// Tables for positions `start..start + seq`, repeated for `heads` heads.
-    fn rows(&self, start: usize, seq: usize, heads: usize) -> RopeRows<B> {
-        let rows = |t: &Tensor<B, 2>| {
-            t.clone()
-                .narrow(0, start, seq)
-                .repeat_dim(1, heads)
-                .unsqueeze::<3>()
-        };
-        RopeRows {
-            cos: rows(&self.cos),
-            sin: rows(&self.sin),
-        }
-    }
-
-    /// Rotates a projection's output `x: [batch, seq, heads * head_dim]`.
-    fn apply(&self, x: Tensor<B, 3>, rows: &RopeRows<B>) -> Tensor<B, 3> {
-        let [batch, seq, width] = x.dims();
-        let rotated = x
-            .clone()
-            .reshape([batch * seq * width / self.head_dim, self.head_dim])
-            .matmul(self.rotate_half.clone())
-            .reshape([batch, seq, width]);
-        x * rows.cos.clone() + rotated * rows.sin.clone()
+    /// The tables' rows for positions `start..start + seq`: `(cos, sin)`, `[seq, head_dim]` each.
+    fn rows(&self, start: usize, seq: usize) -> (Tensor<B, 2>, Tensor<B, 2>) {
+        let rows = |t: &Tensor<B, 2>| t.clone().narrow(0, start, seq);
+        (rows(&self.cos), rows(&self.sin))
     }
 }
 
-/// What every layer of one forward call shares: rotation tables for the query and key
-/// projections.
+/// What every layer of one forward call shares: the rotation tables' rows for its positions.
 struct Step<B: Backend> {
-    q_rope: RopeRows<B>,
-    k_rope: RopeRows<B>,
+    cos: Tensor<B, 2>,
+    sin: Tensor<B, 2>,
 }
 
 impl<B: Kernels> Llama<B> {
@@ -209,18 +169,11 @@ impl<B: Kernels> Llama<B> {
         let [_, seq] = tokens.dims();
         let start = cache.len();
         let mut x = self.embed_tokens.forward(tokens); // [batch, seq, hidden]
-        // Every layer has the same head layout, so the tables are built once per call.
-        let (n_heads, n_kv) = self
-            .layers
-            .first()
-            .map_or((1, 1), |l| (l.self_attn.n_heads, l.self_attn.n_kv_heads));
         let (rope, layer_caches) = cache.rope_and_layers();
-        let step = Step {
-            q_rope: rope.rows(start, seq, n_heads),
-            k_rope: rope.rows(start, seq, n_kv),
-        };
+        let (cos, sin) = rope.rows(start, seq);
+        let step = Step { cos, sin };
         for (layer, layer_cache) in self.layers.iter().zip(layer_caches) {
-            x = layer.forward(x, layer_cache, rope, &step);
+            x = layer.forward(x, layer_cache, &step);
         }
         cache.advance(seq);
         B::rms_norm(&self.norm, x)
@@ -281,17 +234,11 @@ impl<B: Kernels> Llama<B> {
 }
 
 impl<B: Kernels> DecoderLayer<B> {
-    fn forward(
-        &self,
-        x: Tensor<B, 3>,
-        cache: &mut LayerCache<B>,
-        rope: &Rope<B>,
-        step: &Step<B>,
-    ) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<B, 3>, cache: &mut LayerCache<B>, step: &Step<B>) -> Tensor<B, 3> {
         let h = x.clone()
             + self
                 .self_attn
-                .forward(B::rms_norm(&self.input_layernorm, x), cache, rope, step);
+                .forward(B::rms_norm(&self.input_layernorm, x), cache, step);
         h.clone()
             + self
                 .mlp
@@ -303,22 +250,16 @@ impl<B: Kernels> Attention<B> {
     /// # Shapes
     /// - x: `[batch, seq, hidden]`
     /// - output: `[batch, seq, hidden]`
-    fn forward(
-        &self,
-        x: Tensor<B, 3>,
-        cache: &mut LayerCache<B>,
-        rope: &Rope<B>,
-        step: &Step<B>,
-    ) -> Tensor<B, 3> {
+    fn forward(&self, x: Tensor<B, 3>, cache: &mut LayerCache<B>, step: &Step<B>) -> Tensor<B, 3> {
         // Rotate while each projection is still one contiguous [batch, seq, heads * hd] block.
         // The score scale goes on q (1/8 for hd = 64, a power of two, so this is exact).
-        let scale = 1.0 / (self.head_dim as f64).sqrt();
+        let scale = 1.0 / (self.head_dim as f32).sqrt();
         let [q, k, v] = B::linear_forward(
             x,
             [&self.q_proj, &self.k_proj, &self.v_proj].map(|linear| linear.weight.val()),
         );
-        let q = rope.apply(q, &step.q_rope) * scale;
-        let k = rope.apply(k, &step.k_rope);
+        let q = B::rotary(q, step.cos.clone(), step.sin.clone(), scale);
+        let k = B::rotary(k, step.cos.clone(), step.sin.clone(), 1.0);
         let (k, v) = cache.append(k, v); // [batch, start + seq, n_kv * hd]
         let heads = Heads {
             n_heads: self.n_heads,

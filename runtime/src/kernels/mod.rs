@@ -73,6 +73,19 @@ pub trait Kernels: Backend {
         weights.map(|weight| reference_linear(x.clone(), weight))
     }
 
+    /// Rotary position embedding in transformers' `rotate_half` layout, then a scale:
+    /// `(x * cos + rotate_half(x) * sin) * scale` for every head of
+    /// `x: [batch, seq, heads * head_dim]`, with `cos`, `sin`: `[seq, head_dim]`, the tables'
+    /// rows for these positions. Queries take attention's `1/sqrt(head_dim)` here.
+    fn rotary(
+        x: Tensor<Self, 3>,
+        cos: Tensor<Self, 2>,
+        sin: Tensor<Self, 2>,
+        scale: f32,
+    ) -> Tensor<Self, 3> {
+        reference_rotary(x, cos, sin, scale)
+    }
+
     /// `buffer: [batch, capacity, width]` with `rows: [batch, seq, width]` written over its
     /// positions `start..start + seq`: how the KV cache appends.
     fn write_rows(buffer: Tensor<Self, 3>, start: usize, rows: Tensor<Self, 3>) -> Tensor<Self, 3> {
@@ -161,6 +174,44 @@ impl Kernels for FlexBackend {
             out.par_chunks_mut(ROWS * width)
                 .zip(x.par_chunks(ROWS * width))
                 .for_each(|(out, x)| simd::rms_norm_rows(x, gamma, epsilon, out));
+        }
+        from_values(out, [batch, seq, width])
+    }
+
+    /// One pass instead of Burn's five ops (a ±1 matmul for `rotate_half`, two products, a
+    /// sum, the scale), twice per layer.
+    fn rotary(
+        x: Tensor<Self, 3>,
+        cos: Tensor<Self, 2>,
+        sin: Tensor<Self, 2>,
+        scale: f32,
+    ) -> Tensor<Self, 3> {
+        let [batch, seq, width] = x.dims();
+        let [_, head_dim] = cos.dims();
+        assert_eq!(
+            cos.dims(),
+            [seq, head_dim],
+            "rotary: cos is not [seq, head_dim]"
+        );
+        assert_eq!(
+            sin.dims(),
+            [seq, head_dim],
+            "rotary: sin is not [seq, head_dim]"
+        );
+        assert!(
+            head_dim % 2 == 0 && width % head_dim == 0,
+            "rotary: {width} columns are not whole heads of {head_dim}"
+        );
+        let table = |t: Tensor<Self, 2>| t.into_primitive().tensor().to_contiguous();
+        let (cos, sin) = (table(cos), table(sin));
+        let (cos, sin): (&[f32], &[f32]) = (cos.storage(), sin.storage());
+        let x = flex(x).to_contiguous();
+        let x: &[f32] = x.storage();
+        let mut out = vec![0.0f32; x.len()];
+        let rows = x.chunks_exact(width).zip(out.chunks_exact_mut(width));
+        for (i, (x, out)) in rows.enumerate() {
+            let position = i % seq * head_dim..(i % seq + 1) * head_dim;
+            simd::rotary_heads(x, &cos[position.clone()], &sin[position], scale, out);
         }
         from_values(out, [batch, seq, width])
     }
@@ -327,6 +378,29 @@ pub fn reference_linear<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>) -> Te
         .reshape([batch, seq, d_out])
 }
 
+/// [`Kernels::rotary`] from tensor ops, as transformers writes it.
+pub fn reference_rotary<B: Backend>(
+    x: Tensor<B, 3>,
+    cos: Tensor<B, 2>,
+    sin: Tensor<B, 2>,
+    scale: f32,
+) -> Tensor<B, 3> {
+    let [batch, seq, width] = x.dims();
+    let [_, head_dim] = cos.dims();
+    let half = head_dim / 2;
+    let heads = x.reshape([batch, seq, width / head_dim, head_dim]);
+    // rotate_half(x) = cat(-x[half..], x[..half])
+    let rotated = Tensor::cat(
+        vec![
+            -heads.clone().narrow(3, half, half),
+            heads.clone().narrow(3, 0, half),
+        ],
+        3,
+    );
+    let table = |t: Tensor<B, 2>| t.reshape([1, seq, 1, head_dim]);
+    ((heads * table(cos) + rotated * table(sin)) * scale).reshape([batch, seq, width])
+}
+
 /// [`Kernels::write_rows`] as Burn's `slice_assign`.
 pub fn reference_write_rows<B: Backend>(
     buffer: Tensor<B, 3>,
@@ -454,6 +528,18 @@ mod tests {
         let written = FlexBackend::write_rows(buffer, 4, rows);
         assert_eq!(address(&written), before, "the buffer was copied");
         assert_close(written, reference);
+    }
+
+    #[test]
+    fn fused_rotary_matches_the_reference() {
+        let table =
+            |shape| Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default());
+        for (batch, seq, scale) in [(1, 1, 0.125), (2, 5, 1.0)] {
+            let x = random([batch, seq, 3 * 8]);
+            let (cos, sin): (Tensor<FlexBackend, 2>, _) = (table([seq, 8]), table([seq, 8]));
+            let reference = reference_rotary(x.clone(), cos.clone(), sin.clone(), scale);
+            assert_close(FlexBackend::rotary(x, cos, sin, scale), reference);
+        }
     }
 
     #[test]

@@ -80,6 +80,24 @@ multiversioned! {
 }
 
 multiversioned! {
+    /// Rotary embedding of each `cos.len()`-wide head of `x` into `out`, scaled:
+    /// `(x * cos + rotate_half(x) * sin) * scale`, `rotate_half(x) = cat(-x[half..], x[..half])`.
+    pub fn rotary_heads(x: &[f32], cos: &[f32], sin: &[f32], scale: f32, out: &mut [f32]) {
+        let half = cos.len() / 2;
+        let (cos_low, cos_high) = cos.split_at(half);
+        let (sin_low, sin_high) = sin.split_at(half);
+        for (x, out) in x.chunks_exact(cos.len()).zip(out.chunks_exact_mut(cos.len())) {
+            let (low, high) = x.split_at(half);
+            let (out_low, out_high) = out.split_at_mut(half);
+            for i in 0..half {
+                out_low[i] = (low[i] * cos_low[i] + -high[i] * sin_low[i]) * scale;
+                out_high[i] = (high[i] * cos_high[i] + low[i] * sin_high[i]) * scale;
+            }
+        }
+    }
+}
+
+multiversioned! {
     /// `gate[i] = silu(gate[i]) * up[i]`, with `silu(x) = x / (1 + e^-x)` as in PyTorch.
     pub fn silu_mul(gate: &mut [f32], up: &[f32]) {
         for (g, &u) in gate.iter_mut().zip(up) {
@@ -335,7 +353,9 @@ mod tests {
         // Attention's row kernels: a query against rows `stride` apart, and back; 70 columns
         // are one whole block of weighted_row_sum and a tail.
         let (n_rows, stride, width) = (9, 100, 70);
-        let rows: Vec<f32> = (0..n_rows * stride).map(|i| (i % 11) as f32 - 5.0).collect();
+        let rows: Vec<f32> = (0..n_rows * stride)
+            .map(|i| (i % 11) as f32 - 5.0)
+            .collect();
         let query: Vec<f32> = (0..width).map(|i| (i % 5) as f32 - 2.0).collect();
         let mut scores = vec![0.0; n_rows];
         dot_rows(&query, &rows, stride, &mut scores);

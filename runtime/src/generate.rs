@@ -162,11 +162,15 @@ impl<B: Kernels> Generator<B> {
         let mut out = Vec::new();
         let n_chunks = ids.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
-            let wanted = all || i + 1 == n_chunks;
+            let rows = match (all, i + 1 == n_chunks) {
+                (true, _) => LogitRows::All,
+                (false, true) => LogitRows::Last,
+                (false, false) => LogitRows::None,
+            };
             let logits = if chunk.len() == 1 {
-                B::decode_step(|| self.chunk_logits(chunk, cache, all, wanted))
+                B::decode_step(|| self.chunk_logits(chunk, cache, rows))
             } else {
-                self.chunk_logits(chunk, cache, all, wanted)
+                self.chunk_logits(chunk, cache, rows)
             };
             if let Some(logits) = logits {
                 out.extend(
@@ -179,29 +183,24 @@ impl<B: Kernels> Generator<B> {
         Ok(out)
     }
 
-    /// Runs one chunk of `tokens` and, if `wanted`, returns the logits of all its positions
-    /// (`all`) or of its last.
+    /// Runs one chunk of `tokens` and returns the logits of the positions `rows` asks for.
     fn chunk_logits(
         &self,
         tokens: &[u32],
         cache: &mut KvCache<B>,
-        all: bool,
-        wanted: bool,
+        rows: LogitRows,
     ) -> Option<TensorData> {
         let ids: Vec<i64> = tokens.iter().map(|&id| i64::from(id)).collect();
         let ids =
             Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, tokens.len()]), &self.device);
         let hidden = self.model.forward(ids, cache); // [1, n, hidden]
-        if !wanted {
-            return None;
-        }
         let [_, n, width] = hidden.dims();
-        let rows = if all {
-            hidden
-        } else {
-            hidden.slice([0..1, n - 1..n, 0..width])
+        let hidden = match rows {
+            LogitRows::None => return None,
+            LogitRows::Last => hidden.slice([0..1, n - 1..n, 0..width]),
+            LogitRows::All => hidden,
         };
-        Some(self.model.logits(rows).into_data())
+        Some(self.model.logits(hidden).into_data())
     }
 
     /// Generates a continuation of `prompt` (token ids), calling `on_text` with each piece of
@@ -318,6 +317,14 @@ impl<B: Kernels> Generator<B> {
             ppl: nll.exp(),
         })
     }
+}
+
+/// Which positions of a chunk of tokens logits are computed for.
+#[derive(Debug, Clone, Copy)]
+enum LogitRows {
+    None,
+    Last,
+    All,
 }
 
 /// `logsumexp(row) - row[target]`, in f64.

@@ -33,6 +33,11 @@ pub struct Rows<'a> {
 }
 
 impl<'a> Rows<'a> {
+    /// Index in the buffer of element `column` of row `row` of batch `batch`.
+    fn index(&self, batch: usize, row: usize, column: usize) -> usize {
+        self.offset + batch * self.batch_stride + row * self.row_stride + column
+    }
+
     /// The part of the buffer from element `column` of row `row` of batch `batch` to the end
     /// of the `width` columns of row `row + n_rows - 1`.
     fn slice(
@@ -43,14 +48,13 @@ impl<'a> Rows<'a> {
         n_rows: usize,
         width: usize,
     ) -> &'a [f32] {
-        let first = self.offset + batch * self.batch_stride + row * self.row_stride + column;
+        let first = self.index(batch, row, column);
         &self.data[first..first + (n_rows - 1) * self.row_stride + width]
     }
 
     /// Pointer to element `column` of row `row` of batch `batch`, checked against the buffer.
     fn at(&self, batch: usize, row: usize, column: usize) -> *const f32 {
-        let index = self.offset + batch * self.batch_stride + row * self.row_stride + column;
-        self.data[index..].as_ptr()
+        self.data[self.index(batch, row, column)..].as_ptr()
     }
 }
 

@@ -208,10 +208,14 @@ impl Kernels for FlexBackend {
         let x = flex(x).to_contiguous();
         let x: &[f32] = x.storage();
         let mut out = vec![0.0f32; x.len()];
+        // Row i of x is position i % seq: the tables' rows repeat for every batch entry.
+        let tables = cos
+            .chunks_exact(head_dim)
+            .zip(sin.chunks_exact(head_dim))
+            .cycle();
         let rows = x.chunks_exact(width).zip(out.chunks_exact_mut(width));
-        for (i, (x, out)) in rows.enumerate() {
-            let position = i % seq * head_dim..(i % seq + 1) * head_dim;
-            simd::rotary_heads(x, &cos[position.clone()], &sin[position], scale, out);
+        for ((x, out), (cos, sin)) in rows.zip(tables) {
+            simd::rotary_heads(x, cos, sin, scale, out);
         }
         from_values(out, [batch, seq, width])
     }

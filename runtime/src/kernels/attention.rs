@@ -5,7 +5,8 @@
 //! the output. Blocks run in parallel. Compared with composing Burn tensor ops this skips
 //! the masked half of the scores (never computed, never exponentiated), never copies
 //! queries, keys or values into a head-major layout, and writes the output straight into
-//! the `[seq, heads * head_dim]` layout `o_proj` reads.
+//! the `[seq, heads * head_dim]` layout `o_proj` reads. Decoding a token (one query row)
+//! splits the keys across threads instead: see `CausalAttention::decode`.
 
 use std::cell::RefCell;
 
@@ -17,6 +18,13 @@ use super::team;
 
 /// Query rows per parallel task: the row count of gemm's f32 AVX-512 microkernel.
 const BLOCK_ROWS: usize = 64;
+
+/// Keys per thread below which decoding a token's attention stays on one thread.
+const MIN_KEYS_PER_SPAN: usize = 16;
+
+/// Keys per tile of a decoding span: a tile of one key/value head's rows (32 KB of cache
+/// lines at head_dim 64) stays in L1 while every query head of its group reads it.
+const SPAN_TILE: usize = 128;
 
 /// Below this many multiply-adds a call runs on the calling thread: handing work to
 /// another thread costs more than decoding one token's attention at short context.
@@ -82,18 +90,7 @@ impl CausalAttention<'_> {
         let work = self.batch * self.seq * (self.start + self.seq) * width * 2;
         let entry_len = self.seq * width;
         if self.seq == 1 {
-            // Decoding: each head's row is a task, for the team kept spinning per token.
-            let head_dim = self.heads.head_dim;
-            let heads = out.chunks_mut(width).enumerate().flat_map(|(batch, row)| {
-                let heads = row.chunks_mut(head_dim).enumerate();
-                heads.map(move |(head, out)| (batch, head, out))
-            });
-            team::for_each_part(heads.collect(), |(batch, head, out)| {
-                SCORES.with_borrow_mut(|scores| {
-                    scores.resize(self.start + 1, 0.0);
-                    self.one_row(batch, 0, head, scores, out);
-                })
-            });
+            self.decode(&mut out);
         } else if work < MIN_PARALLEL_WORK {
             for (batch, entry) in out.chunks_mut(entry_len).enumerate() {
                 for (i, block) in entry.chunks_mut(BLOCK_ROWS * width).enumerate() {
@@ -127,32 +124,132 @@ impl CausalAttention<'_> {
         SCORES.with_borrow_mut(|scores| {
             scores.resize(rows * visible, 0.0);
             for head in 0..n_heads {
-                let out_head = &mut out[head * head_dim..];
-                if rows == 1 {
-                    self.one_row(batch, first, head, scores, out_head);
-                } else {
-                    self.rows(batch, first, head, scores, out_head);
-                }
+                self.rows(batch, first, head, scores, &mut out[head * head_dim..]);
             }
         });
     }
 
-    /// One query row and one head (decoding): dot products and a weighted sum of rows, on
-    /// the calling thread. gemm's setup costs more than the work at this size (two calls per
-    /// head and layer, 540 per token).
-    fn one_row(&self, batch: usize, row: usize, head: usize, scores: &mut [f32], out: &mut [f32]) {
-        let head_dim = self.heads.head_dim;
-        let kv_column = self.kv_column(head);
-        let visible = scores.len();
-        let query = self.queries.slice(batch, row, head * head_dim, 1, head_dim);
-        let keys = self.keys.slice(batch, 0, kv_column, visible, head_dim);
-        let values = self.values.slice(batch, 0, kv_column, visible, head_dim);
-        simd::dot_rows(query, keys, self.keys.row_stride, scores);
-        let mut inverse_sum = [0.0f32];
-        simd::causal_softmax_rows(scores, visible, visible, &mut inverse_sum);
-        let out = &mut out[..head_dim];
-        simd::weighted_row_sum(scores, values, self.values.row_stride, out);
-        out.iter_mut().for_each(|x| *x *= inverse_sum[0]);
+    /// Decoding, one query row per batch entry. Here reading the cache is the work (at 4000
+    /// positions SmolLM2's cache is a third as many bytes as its weights), so the keys are
+    /// split into spans, one per thread, each span's share of every head computed apart and
+    /// merged after (as flash-decoding does), and each key/value head's rows are read once
+    /// for all the query heads that share it.
+    fn decode(&self, out: &mut [f32]) {
+        let Heads {
+            n_heads, head_dim, ..
+        } = self.heads;
+        let visible = self.start + 1;
+        let spans = (visible / MIN_KEYS_PER_SPAN).clamp(1, rayon::current_num_threads());
+        let span_len = visible.div_ceil(spans);
+        // Per batch entry, span and head: the span's share of the head's output, unnormalised,
+        // then its largest score and its sum of e^(score - largest).
+        let partial_len = head_dim + 2;
+        let task_len = n_heads * partial_len;
+        let mut partials = vec![0.0f32; self.batch * spans * task_len];
+        let tasks = partials
+            .chunks_mut(task_len)
+            .enumerate()
+            .map(|(i, partials)| {
+                let first = i % spans * span_len;
+                (i / spans, first..(first + span_len).min(visible), partials)
+            });
+        let group = n_heads / self.heads.n_kv_heads;
+        team::for_each_part(tasks.collect(), |(batch, keys, partials)| {
+            SCORES.with_borrow_mut(|scores| {
+                scores.resize(group * keys.len(), 0.0);
+                let groups = partials.chunks_exact_mut(group * partial_len).enumerate();
+                for (kv_head, partials) in groups {
+                    self.span(batch, kv_head, keys.clone(), scores, partials);
+                }
+            })
+        });
+        let entries = out.chunks_exact_mut(n_heads * head_dim);
+        for (out, partials) in entries.zip(partials.chunks_exact(spans * task_len)) {
+            for (head, out) in out.chunks_exact_mut(head_dim).enumerate() {
+                let spans = partials
+                    .chunks_exact(task_len)
+                    .map(|task| task[head * partial_len..][..partial_len].split_at(head_dim));
+                let max = spans
+                    .clone()
+                    .fold(f32::NEG_INFINITY, |max, (_, stats)| max.max(stats[0]));
+                out.fill(0.0);
+                let mut sum = 0.0;
+                for (numerators, stats) in spans {
+                    // Exactly 1 with a single span, which then is plain softmax.
+                    let rescale = (stats[0] - max).exp();
+                    sum += rescale * stats[1];
+                    for (o, &x) in out.iter_mut().zip(numerators) {
+                        *o += rescale * x;
+                    }
+                }
+                let inverse_sum = 1.0 / sum;
+                out.iter_mut().for_each(|x| *x *= inverse_sum);
+            }
+        }
+    }
+
+    /// The query heads that share key/value head `kv_head`, in the query row of `batch`,
+    /// against the positions `keys`: for each head, `partials` gets `Σ e^(s_j - max) v_j`
+    /// over them, then `max` and `Σ e^(s_j - max)`, where `s_j` is the head's score of key
+    /// `j`, in `head_dim + 2` values per head. `scores` holds `keys.len()` per head.
+    ///
+    /// The keys and values are read a tile at a time, every head of the group using a tile
+    /// before the next is read: each is read once from memory, not once per head.
+    fn span(
+        &self,
+        batch: usize,
+        kv_head: usize,
+        keys: std::ops::Range<usize>,
+        scores: &mut [f32],
+        partials: &mut [f32],
+    ) {
+        let Heads {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = self.heads;
+        let group = n_heads / n_kv_heads;
+        let (first, n) = (keys.start, keys.len());
+        let column = kv_head * head_dim;
+        let key_rows = self.keys.slice(batch, first, column, n, head_dim);
+        let value_rows = self.values.slice(batch, first, column, n, head_dim);
+        // The group's query heads are side by side.
+        let queries = self
+            .queries
+            .slice(batch, 0, kv_head * group * head_dim, 1, group * head_dim);
+        let (key_stride, value_stride) = (self.keys.row_stride, self.values.row_stride);
+        for at in (0..n).step_by(SPAN_TILE) {
+            let rows = SPAN_TILE.min(n - at);
+            let tile_keys = &key_rows[at * key_stride..];
+            for (query, scores) in queries
+                .chunks_exact(head_dim)
+                .zip(scores.chunks_exact_mut(n))
+            {
+                simd::dot_rows(query, tile_keys, key_stride, &mut scores[at..at + rows]);
+            }
+        }
+        let heads = scores
+            .chunks_exact_mut(n)
+            .zip(partials.chunks_exact_mut(head_dim + 2));
+        for (scores, partial) in heads {
+            simd::softmax_numerators(scores, &mut partial[head_dim..]);
+        }
+        for at in (0..n).step_by(SPAN_TILE) {
+            let rows = SPAN_TILE.min(n - at);
+            let tile_values = &value_rows[at * value_stride..];
+            let heads = scores
+                .chunks_exact(n)
+                .zip(partials.chunks_exact_mut(head_dim + 2));
+            for (scores, partial) in heads {
+                let numerators = &mut partial[..head_dim];
+                simd::weighted_row_sum(
+                    &scores[at..at + rows],
+                    tile_values,
+                    value_stride,
+                    numerators,
+                );
+            }
+        }
     }
 
     /// First column of the key/value head that query head `head` reads.

@@ -186,7 +186,7 @@ impl Kernels for FlexBackend {
         sin: Tensor<Self, 2>,
         scale: f32,
     ) -> Tensor<Self, 3> {
-        let [batch, seq, width] = x.dims();
+        let [_, seq, width] = x.dims();
         let [_, head_dim] = cos.dims();
         assert_eq!(
             cos.dims(),
@@ -205,19 +205,18 @@ impl Kernels for FlexBackend {
         let table = |t: Tensor<Self, 2>| t.into_primitive().tensor().to_contiguous();
         let (cos, sin) = (table(cos), table(sin));
         let (cos, sin): (&[f32], &[f32]) = (cos.storage(), sin.storage());
-        let x = flex(x).to_contiguous();
-        let x: &[f32] = x.storage();
-        let mut out = vec![0.0f32; x.len()];
+        // In place when the projection's output is not shared (it never is here).
+        let mut x = flex(x).to_contiguous();
+        let rows: &mut [f32] = x.storage_mut();
         // Row i of x is position i % seq: the tables' rows repeat for every batch entry.
         let tables = cos
             .chunks_exact(head_dim)
             .zip(sin.chunks_exact(head_dim))
             .cycle();
-        let rows = x.chunks_exact(width).zip(out.chunks_exact_mut(width));
-        for ((x, out), (cos, sin)) in rows.zip(tables) {
-            simd::rotary_heads(x, cos, sin, scale, out);
+        for (row, (cos, sin)) in rows.chunks_exact_mut(width).zip(tables) {
+            simd::rotary_heads(row, cos, sin, scale);
         }
-        from_values(out, [batch, seq, width])
+        from_flex(x)
     }
 
     /// In place, when this is the buffer's only handle (the KV cache's is). burn-flex 0.21's
@@ -494,8 +493,9 @@ mod tests {
     }
 
     /// The fused kernel against the tensor-op definition: prefill from empty, a chunk after
-    /// cached positions (the mask's offset), a single decoded token, batch 2, rows not a
-    /// multiple of the block, and keys/values that are a prefix view of a larger buffer.
+    /// cached positions (the mask's offset), batch 2, rows not a multiple of the block,
+    /// keys/values that are a prefix view of a larger buffer, and decoded tokens: the first
+    /// (one key), keys split across threads, more keys than one tile, batch 2.
     #[test]
     fn fused_attention_matches_the_reference() {
         let heads = Heads {
@@ -503,7 +503,15 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 16,
         };
-        for (batch, start, seq) in [(1, 0, 150), (1, 37, 70), (1, 200, 1), (2, 5, 66)] {
+        for (batch, start, seq) in [
+            (1, 0, 150),
+            (1, 37, 70),
+            (2, 5, 66),
+            (1, 0, 1),
+            (1, 200, 1),
+            (1, 300, 1),
+            (2, 40, 1),
+        ] {
             let total = start + seq;
             let queries = random([batch, seq, 6 * 16]) * 0.25;
             let cache = |t: Tensor<FlexBackend, 3>| t.narrow(1, 0, total);

@@ -57,6 +57,16 @@ multiversioned! {
 }
 
 multiversioned! {
+    /// Softmax numerators of one row, for a caller that merges rows: `row[j]` becomes
+    /// `e^(row[j] - max)` and `stats` gets `[max, sum of the new row]`.
+    pub fn softmax_numerators(row: &mut [f32], stats: &mut [f32]) {
+        let max = max(row);
+        let sum = exp_shifted_sum(row, max);
+        stats[..2].copy_from_slice(&[max, sum]);
+    }
+}
+
+multiversioned! {
     /// RMSNorm of each `gamma.len()`-wide row of `x` into `out`:
     /// `x / sqrt(mean(x²) + epsilon) * gamma` (transformers' `LlamaRMSNorm`).
     pub fn rms_norm_rows(x: &[f32], gamma: &[f32], epsilon: f32, out: &mut [f32]) {
@@ -80,18 +90,18 @@ multiversioned! {
 }
 
 multiversioned! {
-    /// Rotary embedding of each `cos.len()`-wide head of `x` into `out`, scaled:
+    /// Rotary embedding of each `cos.len()`-wide head of `x`, in place, scaled:
     /// `(x * cos + rotate_half(x) * sin) * scale`, `rotate_half(x) = cat(-x[half..], x[..half])`.
-    pub fn rotary_heads(x: &[f32], cos: &[f32], sin: &[f32], scale: f32, out: &mut [f32]) {
+    pub fn rotary_heads(x: &mut [f32], cos: &[f32], sin: &[f32], scale: f32) {
         let half = cos.len() / 2;
         let (cos_low, cos_high) = cos.split_at(half);
         let (sin_low, sin_high) = sin.split_at(half);
-        for (x, out) in x.chunks_exact(cos.len()).zip(out.chunks_exact_mut(cos.len())) {
-            let (low, high) = x.split_at(half);
-            let (out_low, out_high) = out.split_at_mut(half);
+        for x in x.chunks_exact_mut(cos.len()) {
+            let (low, high) = x.split_at_mut(half);
             for i in 0..half {
-                out_low[i] = (low[i] * cos_low[i] + -high[i] * sin_low[i]) * scale;
-                out_high[i] = (high[i] * cos_high[i] + low[i] * sin_high[i]) * scale;
+                let (l, h) = (low[i], high[i]);
+                low[i] = (l * cos_low[i] + -h * sin_low[i]) * scale;
+                high[i] = (h * cos_high[i] + l * sin_high[i]) * scale;
             }
         }
     }
@@ -155,7 +165,7 @@ multiversioned! {
 }
 
 multiversioned! {
-    /// `out = Σ_j weights[j] · row j of rows`, rows `stride` apart, each `out.len()` long.
+    /// `out += Σ_j weights[j] · row j of rows`, rows `stride` apart, each `out.len()` long.
     pub fn weighted_row_sum(weights: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
         let done = out.len() - out.len() % ROW_BLOCK;
         let (whole, tail) = out.split_at_mut(done);
@@ -163,7 +173,6 @@ multiversioned! {
             let out: &mut [f32; ROW_BLOCK] = out.try_into().expect("a whole block");
             weighted_row_block(weights, &rows[b * ROW_BLOCK..], stride, out);
         }
-        tail.fill(0.0);
         for (j, &weight) in weights.iter().enumerate() {
             let row = &rows[j * stride + done..][..tail.len()];
             for (o, &v) in tail.iter_mut().zip(row) {
@@ -192,7 +201,7 @@ fn weighted_row_block(weights: &[f32], rows: &[f32], stride: usize, out: &mut [f
         }
     }
     for i in 0..ROW_BLOCK {
-        out[i] = sums[0][i] + sums[1][i];
+        out[i] += sums[0][i] + sums[1][i];
     }
 }
 

@@ -1,7 +1,8 @@
 //! `bench`: llama-bench-style speed of the runtime: load time, pp128/pp512 (prompt tokens
 //! in one pass) and tg128 (tokens one at a time), peak RSS, per backend and thread count,
 //! medians of several runs, plus the machine's read bandwidth and decode as a share of the
-//! bound it sets.
+//! bound it sets. `--depth N` starts tg128 after N prompt tokens (llama-bench's `-d`), to see
+//! decode at a long context, where reading the KV cache adds to reading the weights.
 //!
 //! Each run is a fresh child process (this binary with `--child`), so load time and peak
 //! RSS are those of a real process from start to model ready.
@@ -39,6 +40,9 @@ struct Cli {
     /// Runs per configuration; the table shows medians.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// Prompt tokens in the KV cache before tg128 starts (llama-bench's `-d`).
+    #[arg(long, default_value_t = 0)]
+    depth: usize,
     /// Internal: run one measurement in this process and print it as JSON.
     #[arg(long, hide = true)]
     child: bool,
@@ -52,7 +56,9 @@ struct Sample {
     pp512: f64,
     tg128: f64,
     peak_rss_mb: f64,
-    weight_bytes_per_token: u64,
+    /// What one tg128 token reads on average: every weight but the embedding, and the KV
+    /// cache up to its position.
+    bytes_per_token: f64,
 }
 
 fn main() -> Result<()> {
@@ -88,8 +94,13 @@ fn measure<B: Kernels>(cli: &Cli, started: Instant) -> Result<Sample> {
     };
     let pp128 = prefill(128)?;
     let pp512 = prefill(512)?;
-    // tg128: 128 tokens one at a time from an empty context, greedy, as llama-bench does.
-    let mut cache = generator.new_cache(128);
+    // tg128: 128 tokens one at a time after `depth` prompt tokens (none by default, as
+    // llama-bench), greedy.
+    let depth = cli.depth;
+    let mut cache = generator.new_cache(depth + 128);
+    if depth > 0 {
+        generator.forward_logits(&tokens(depth), &mut cache, false)?;
+    }
     let mut next = tokens(1)[0];
     let t = Instant::now();
     for _ in 0..128 {
@@ -98,18 +109,23 @@ fn measure<B: Kernels>(cli: &Cli, started: Instant) -> Result<Sample> {
     }
     let tg128 = 128.0 / t.elapsed().as_secs_f64();
     // Decode reads every weight once per token, except the embedding: one row of it.
-    let weight_bytes_per_token = param_shapes::<B, _>(&generator.model)
+    let weight_bytes: usize = param_shapes::<B, _>(&generator.model)
         .iter()
         .filter(|(path, _)| path != "embed_tokens.weight")
-        .map(|(_, shape)| shape.iter().product::<usize>() as u64 * 4)
+        .map(|(_, shape)| shape.iter().product::<usize>() * 4)
         .sum();
+    // Each layer's keys and values (f32) of every position so far; on average tg128's token
+    // sees depth + 64 of them.
+    let config = &generator.config;
+    let kv_bytes_per_position = 2 * config.num_layers * config.n_kv_heads * config.head_dim * 4;
+    let bytes_per_token = weight_bytes as f64 + (kv_bytes_per_position * (depth + 64)) as f64;
     Ok(Sample {
         load_s,
         pp128,
         pp512,
         tg128,
         peak_rss_mb: peak_rss_mb()?,
-        weight_bytes_per_token,
+        bytes_per_token,
     })
 }
 
@@ -138,8 +154,12 @@ fn parent(cli: &Cli) -> Result<()> {
     };
     let bandwidth = read_bandwidth_gb_s(cores);
     eprintln!("read bandwidth: {bandwidth:.1} GB/s ({cores} threads, best of 3 passes over 1 GiB)");
+    let tg = match cli.depth {
+        0 => "tg128".to_string(),
+        depth => format!("tg128 @ d{depth}"),
+    };
     println!(
-        "| backend | threads | load s | pp128 tok/s | pp512 tok/s | tg128 tok/s | tg % of bound | peak RSS MB |"
+        "| backend | threads | load s | pp128 tok/s | pp512 tok/s | {tg} tok/s | tg % of bound | peak RSS MB |"
     );
     println!("|---|---|---|---|---|---|---|---|");
     let mut json_lines = Vec::new();
@@ -149,7 +169,7 @@ fn parent(cli: &Cli) -> Result<()> {
                 .map(|_| child(cli, &backend, threads))
                 .collect::<Result<Vec<_>>>()?;
             let med = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
-            let bound = bandwidth * 1e9 / samples[0].weight_bytes_per_token as f64;
+            let bound = bandwidth * 1e9 / samples[0].bytes_per_token;
             let (load, pp128, pp512, tg128, rss) = (
                 med(|s| s.load_s),
                 med(|s| s.pp128),
@@ -163,7 +183,7 @@ fn parent(cli: &Cli) -> Result<()> {
             );
             json_lines.push(serde_json::json!({
                 "backend": backend, "threads": threads, "runs": cli.runs, "load_s": load,
-                "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128,
+                "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128, "depth": cli.depth,
                 "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth,
                 "tg_bound_tok_s": bound, "tg_percent_of_bound": 100.0 * tg128 / bound,
             }));
@@ -184,6 +204,8 @@ fn child(cli: &Cli, backend: &str, threads: usize) -> Result<Sample> {
         .arg(backend)
         .arg("--threads")
         .arg(threads.to_string())
+        .arg("--depth")
+        .arg(cli.depth.to_string())
         .output()?;
     if !out.status.success() {
         bail!(

@@ -97,6 +97,10 @@ fn measure<B: Kernels>(cli: &Cli, started: Instant) -> Result<Sample> {
     // tg128: 128 tokens one at a time after `depth` prompt tokens (none by default, as
     // llama-bench), greedy.
     let depth = cli.depth;
+    let context = generator.config.max_position_embeddings;
+    if depth.saturating_add(128) > context {
+        bail!("--depth {depth} leaves no room for tg128 in the model's {context}-position context");
+    }
     let mut cache = generator.new_cache(depth + 128);
     if depth > 0 {
         generator.forward_logits(&tokens(depth), &mut cache, false)?;
@@ -158,10 +162,6 @@ fn parent(cli: &Cli) -> Result<()> {
         0 => "tg128".to_string(),
         depth => format!("tg128 @ d{depth}"),
     };
-    println!(
-        "| backend | threads | load s | pp128 tok/s | pp512 tok/s | {tg} tok/s | tg % of bound | peak RSS MB |"
-    );
-    println!("|---|---|---|---|---|---|---|---|");
     let mut json_lines = Vec::new();
     for backend in cli.backends.iter().map(|b| b.name()) {
         for &threads in &thread_counts {
@@ -177,6 +177,13 @@ fn parent(cli: &Cli) -> Result<()> {
                 med(|s| s.tg128),
                 med(|s| s.peak_rss_mb),
             );
+            // The header once a row is ready, so a run that fails prints only its error.
+            if json_lines.is_empty() {
+                println!(
+                    "| backend | threads | load s | pp128 tok/s | pp512 tok/s | {tg} tok/s | tg % of bound | peak RSS MB |"
+                );
+                println!("|---|---|---|---|---|---|---|---|");
+            }
             println!(
                 "| {backend} | {threads} | {load:.2} | {pp128:.1} | {pp512:.1} | {tg128:.1} | {:.0}% | {rss:.0} |",
                 100.0 * tg128 / bound
@@ -208,9 +215,12 @@ fn child(cli: &Cli, backend: &str, threads: usize) -> Result<Sample> {
         .arg(cli.depth.to_string())
         .output()?;
     if !out.status.success() {
+        // The child's error line, without anyhow's "Error: " and any backtrace after it.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let message = stderr.lines().next().unwrap_or("no message");
         bail!(
             "{backend} run failed: {}",
-            String::from_utf8_lossy(&out.stderr).trim()
+            message.trim_start_matches("Error: ")
         );
     }
     Ok(serde_json::from_slice(&out.stdout)?)

@@ -86,6 +86,12 @@ fn tokens(n: usize) -> Vec<u32> {
 fn measure<B: Kernels>(cli: &Cli, started: Instant) -> Result<Sample> {
     let generator = Generator::<B>::load(&cli.artifacts, &Default::default())?;
     let load_s = started.elapsed().as_secs_f64();
+    // Checked before any measuring, so a depth that cannot run fails at once.
+    let depth = cli.depth;
+    let context = generator.config.max_position_embeddings;
+    if depth.saturating_add(128) > context {
+        bail!("--depth {depth} leaves no room for tg128 in the model's {context}-position context");
+    }
     let prefill = |n: usize| -> Result<f64> {
         let mut cache = generator.new_cache(n);
         let t = Instant::now();
@@ -96,11 +102,6 @@ fn measure<B: Kernels>(cli: &Cli, started: Instant) -> Result<Sample> {
     let pp512 = prefill(512)?;
     // tg128: 128 tokens one at a time after `depth` prompt tokens (none by default, as
     // llama-bench), greedy.
-    let depth = cli.depth;
-    let context = generator.config.max_position_embeddings;
-    if depth.saturating_add(128) > context {
-        bail!("--depth {depth} leaves no room for tg128 in the model's {context}-position context");
-    }
     let mut cache = generator.new_cache(depth + 128);
     if depth > 0 {
         generator.forward_logits(&tokens(depth), &mut cache, false)?;

@@ -141,9 +141,8 @@ impl CausalAttention<'_> {
         let visible = self.start + 1;
         let spans = (visible / MIN_KEYS_PER_SPAN).clamp(1, rayon::current_num_threads());
         let span_len = visible.div_ceil(spans);
-        // Per batch entry, span and head: the span's share of the head's output, unnormalised,
-        // then its largest score and its sum of e^(score - largest).
-        let partial_len = head_dim + 2;
+        // Per batch entry, span and head: one partial (see `span`).
+        let partial_len = self.partial_len();
         let task_len = n_heads * partial_len;
         let mut partials = vec![0.0f32; self.batch * spans * task_len];
         let tasks = partials
@@ -191,7 +190,7 @@ impl CausalAttention<'_> {
     /// The query heads that share key/value head `kv_head`, in the query row of `batch`,
     /// against the positions `keys`: for each head, `partials` gets `Σ e^(s_j - max) v_j`
     /// over them, then `max` and `Σ e^(s_j - max)`, where `s_j` is the head's score of key
-    /// `j`, in `head_dim + 2` values per head. `scores` holds `keys.len()` per head.
+    /// `j` ([`Self::partial_len`] values per head). `scores` holds `keys.len()` per head.
     ///
     /// The keys and values are read a tile at a time, every head of the group using a tile
     /// before the next is read: each is read once from memory, not once per head.
@@ -228,9 +227,10 @@ impl CausalAttention<'_> {
                 simd::dot_rows(query, tile_keys, key_stride, &mut scores[at..at + rows]);
             }
         }
+        let partial_len = self.partial_len();
         let heads = scores
             .chunks_exact_mut(n)
-            .zip(partials.chunks_exact_mut(head_dim + 2));
+            .zip(partials.chunks_exact_mut(partial_len));
         for (scores, partial) in heads {
             simd::softmax_numerators(scores, &mut partial[head_dim..]);
         }
@@ -239,7 +239,7 @@ impl CausalAttention<'_> {
             let tile_values = &value_rows[at * value_stride..];
             let heads = scores
                 .chunks_exact(n)
-                .zip(partials.chunks_exact_mut(head_dim + 2));
+                .zip(partials.chunks_exact_mut(partial_len));
             for (scores, partial) in heads {
                 let numerators = &mut partial[..head_dim];
                 simd::weighted_row_sum(
@@ -250,6 +250,13 @@ impl CausalAttention<'_> {
                 );
             }
         }
+    }
+
+    /// Values per head in a decoding span's partial result: the span's share of the head's
+    /// output, unnormalised (`head_dim`), then its largest score and its sum of
+    /// e^(score - largest).
+    fn partial_len(&self) -> usize {
+        self.heads.head_dim + 2
     }
 
     /// First column of the key/value head that query head `head` reads.

@@ -75,6 +75,30 @@ impl<B: Backend> KvCache<B> {
 }
 
 impl<B: Kernels> LayerCache<B> {
+    /// Appends one position for a kernel that writes the buffers itself: `write` gets the
+    /// key and value buffers (`[batch, capacity, n_kv_heads * head_dim]`) and the position to
+    /// fill, and hands the buffers back with its result.
+    ///
+    /// Panics if the cache is full: callers check the context length before running.
+    pub(crate) fn append_with<R>(
+        &mut self,
+        write: impl FnOnce(Tensor<B, 3>, Tensor<B, 3>, usize) -> (Tensor<B, 3>, Tensor<B, 3>, R),
+    ) -> R {
+        let keys = self.keys.take().expect("cache buffer present");
+        let values = self.values.take().expect("cache buffer present");
+        let capacity = keys.dims()[1];
+        assert!(
+            self.len < capacity,
+            "KV cache overflow: {} > {capacity}",
+            self.len + 1
+        );
+        let (keys, values, out) = write(keys, values, self.len);
+        self.keys = Some(keys);
+        self.values = Some(values);
+        self.len += 1;
+        out
+    }
+
     /// Stores `k`, `v` (`[batch, seq, n_kv * head_dim]`) after the cached positions and
     /// returns all keys and values so far, `[batch, len + seq, n_kv * head_dim]` (views of
     /// the buffers, not copies).

@@ -235,6 +235,20 @@ impl<B: Kernels> Llama<B> {
 
 impl<B: Kernels> DecoderLayer<B> {
     fn forward(&self, x: Tensor<B, 3>, cache: &mut LayerCache<B>, step: &Step<B>) -> Tensor<B, 3> {
+        match B::decode_layer(self, &x, cache, &step.cos, &step.sin) {
+            Some(out) => out,
+            None => self.forward_composed(x, cache, step),
+        }
+    }
+
+    /// The layer as Burn ops (through the backend's [`Kernels`]): what prefill runs, and what
+    /// a backend's fused [`Kernels::decode_layer`] must equal.
+    fn forward_composed(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut LayerCache<B>,
+        step: &Step<B>,
+    ) -> Tensor<B, 3> {
         let h = x.clone()
             + self
                 .self_attn
@@ -296,4 +310,75 @@ fn column_major<B: Backend>(linear: Linear<B>) -> Linear<B> {
             .transpose()
     });
     Linear { weight, ..linear }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FlexBackend;
+    use burn::tensor::Distribution;
+
+    /// burn-flex's fused single-token layer (`Kernels::decode_layer`) gives exactly what the
+    /// layer's ops give, token after token, with keys split across threads once there are
+    /// enough of them and projections both split and not.
+    #[test]
+    fn fused_decode_layer_equals_the_composed_ops() {
+        let config = LlamaConfig {
+            hidden_size: 64,
+            intermediate_size: 160,
+            num_layers: 1,
+            n_heads: 4,
+            n_kv_heads: 2,
+            head_dim: 16,
+            vocab_size: 10,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10_000.0,
+            max_position_embeddings: 64,
+            tie_word_embeddings: false,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+        };
+        let device = Default::default();
+        let random_gamma = |norm: RmsNorm<FlexBackend>| RmsNorm {
+            gamma: norm
+                .gamma
+                .map(|g| Tensor::random(g.dims(), Distribution::Uniform(0.5, 1.5), &device)),
+            ..norm
+        };
+        let model = config
+            .init::<FlexBackend>(&device)
+            .with_matvec_layout(false);
+        let layer = model.layers.into_iter().next().expect("one layer");
+        let layer = DecoderLayer {
+            input_layernorm: random_gamma(layer.input_layernorm),
+            post_attention_layernorm: random_gamma(layer.post_attention_layernorm),
+            ..layer
+        };
+        let positions = 40;
+        let mut caches = [(); 2].map(|_| KvCache::new(&config, 1, positions, &device));
+        for position in 0..positions {
+            let x = Tensor::<FlexBackend, 3>::random(
+                [1, 1, 64],
+                Distribution::Normal(0.0, 1.0),
+                &device,
+            );
+            let [fused, composed] = caches.each_mut().map(|cache| {
+                let (rope, mut layer_caches) = cache.rope_and_layers();
+                let (cos, sin) = rope.rows(position, 1);
+                let layer_cache = layer_caches.next().expect("one layer");
+                let step = Step { cos, sin };
+                (layer_cache, step)
+            });
+            let (fused_cache, step) = fused;
+            let fused = FlexBackend::decode_layer(&layer, &x, fused_cache, &step.cos, &step.sin)
+                .expect("burn-flex fuses a single-token layer");
+            let (composed_cache, step) = composed;
+            let composed = layer.forward_composed(x, composed_cache, &step);
+            for cache in &mut caches {
+                cache.advance(1);
+            }
+            let (fused, composed) = (fused.into_data(), composed.into_data());
+            assert_eq!(fused, composed, "position {position}");
+        }
+    }
 }

@@ -13,6 +13,7 @@
 //! fused kernels to.
 
 mod attention;
+mod decode;
 mod simd;
 mod team;
 
@@ -23,6 +24,8 @@ use burn::tensor::{Tensor, TensorData, TensorPrimitive};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
+use crate::cache::LayerCache;
+use crate::model::DecoderLayer;
 use crate::{FlexBackend, NdArrayBackend};
 use attention::{CausalAttention, Rows};
 
@@ -92,6 +95,19 @@ pub trait Kernels: Backend {
         reference_write_rows(buffer, start, rows)
     }
 
+    /// `layer`'s forward pass for one token, `x: [1, 1, hidden]`, as one fused kernel if the
+    /// backend has one for these inputs; `None` runs the composed ops. `cos`, `sin` are the
+    /// rotary tables' rows for the token's position, `[1, head_dim]`.
+    fn decode_layer(
+        _layer: &DecoderLayer<Self>,
+        _x: &Tensor<Self, 3>,
+        _cache: &mut LayerCache<Self>,
+        _cos: &Tensor<Self, 2>,
+        _sin: &Tensor<Self, 2>,
+    ) -> Option<Tensor<Self, 3>> {
+        None
+    }
+
     /// Runs `work`, the forward pass of one decoded token: a burst of small parallel
     /// regions that a backend may want to run on threads kept ready.
     fn decode_step<R>(work: impl FnOnce() -> R) -> R {
@@ -105,6 +121,17 @@ impl Kernels for FlexBackend {
     /// Keeps the pool's other threads spinning for the step: see `team`.
     fn decode_step<R>(work: impl FnOnce() -> R) -> R {
         team::with_team(work)
+    }
+
+    /// See `decode`: the layer's small steps between its products without Burn ops' set-up.
+    fn decode_layer(
+        layer: &DecoderLayer<Self>,
+        x: &Tensor<Self, 3>,
+        cache: &mut LayerCache<Self>,
+        cos: &Tensor<Self, 2>,
+        sin: &Tensor<Self, 2>,
+    ) -> Option<Tensor<Self, 3>> {
+        decode::decode_layer(layer, x, cache, cos, sin)
     }
 
     fn causal_attention(

@@ -11,7 +11,8 @@
 use burn::tensor::Tensor;
 
 use super::attention::{CausalAttention, Rows};
-use super::{Heads, flex, from_flex, matvecs, rows, simd, weight_rows};
+use super::matvec::matvecs;
+use super::{Heads, flex, from_flex, rows, simd, weight_rows};
 use crate::FlexBackend;
 use crate::cache::LayerCache;
 use crate::model::DecoderLayer;

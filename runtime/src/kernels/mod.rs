@@ -14,6 +14,7 @@
 
 mod attention;
 mod decode;
+mod matvec;
 mod simd;
 mod team;
 
@@ -285,7 +286,7 @@ impl Kernels for FlexBackend {
         let rows: Option<Vec<&[f32]>> = weights.iter().map(weight_rows).collect();
         if let (1, Some(rows)) = (batch * seq, rows) {
             let x = flex(x).to_contiguous();
-            let mut outs = matvecs(&rows, x.storage()).into_iter().map(|out| {
+            let mut outs = matvec::matvecs(&rows, x.storage()).into_iter().map(|out| {
                 let d_out = out.len();
                 from_values(out, [1, 1, d_out])
             });
@@ -298,50 +299,6 @@ impl Kernels for FlexBackend {
             )
         })
     }
-}
-
-/// Below this many output rows per thread, splitting a matrix-vector product costs more
-/// than it saves.
-const MIN_MATVEC_ROWS_PER_THREAD: usize = 64;
-
-/// The single-row case of [`Kernels::linear_forward`] on burn-flex: for each weight,
-/// `out[j] = weight_rows[j] · x`, every product split across the pool's threads by output
-/// rows, all in one parallel region.
-///
-/// Decoding one token is nothing but such products, bound by how fast the weights stream
-/// from memory. burn-flex runs each on one thread through gemm; every thread streaming its
-/// own contiguous share of rows uses more of the machine's bandwidth. One parallel region
-/// per group of products sharing an input (rather than one per product) halves the
-/// hand-offs between threads, and while decoding they go to threads kept spinning (`team`).
-fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
-    let threads = rayon::current_num_threads();
-    let mut outs: Vec<Vec<f32>> = weights
-        .iter()
-        .map(|rows| vec![0.0; rows.len() / x.len()])
-        .collect();
-    let mut shares: Vec<Vec<(&[f32], &mut [f32])>> = (0..threads).map(|_| Vec::new()).collect();
-    for (&rows, out) in weights.iter().zip(&mut outs) {
-        let d_out = out.len();
-        if threads < 2 || d_out < threads * MIN_MATVEC_ROWS_PER_THREAD {
-            shares[0].push((rows, out));
-            continue;
-        }
-        // A multiple of four rows per thread: each share splits into the kernel's four
-        // quarters with no row left to its slow path.
-        let per_thread = d_out.div_ceil(threads).next_multiple_of(4);
-        let parts = rows
-            .chunks(per_thread * x.len())
-            .zip(out.chunks_mut(per_thread));
-        for (share, part) in shares.iter_mut().zip(parts) {
-            share.push(part);
-        }
-    }
-    team::for_each_part(shares, |share| {
-        for (rows, out) in share {
-            simd::matvec(rows, x, out);
-        }
-    });
-    outs
 }
 
 /// The weight `[d_in, d_out]` as `d_out` contiguous rows of `d_in`, if it is stored

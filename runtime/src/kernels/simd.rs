@@ -6,6 +6,9 @@
 //! kernel is compiled twice, as built and with AVX-512, and picks one at run time, so the
 //! same binary runs on any x86-64 and uses 16-wide registers where they exist.
 
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 /// Independent accumulators per reduction: one AVX-512 register of f32.
 const LANES: usize = 16;
 
@@ -116,39 +119,63 @@ multiversioned! {
     }
 }
 
+/// Steps of [`matvec_steps`] in a product of `rows` output rows: one per four rows, and one
+/// per row left over.
+pub fn matvec_step_count(rows: usize) -> usize {
+    rows / 4 + rows % 4
+}
+
 multiversioned! {
-    /// Matrix-vector product over rows: `out[j] = weight[j] · x`, where `weight` holds
-    /// `out.len()` rows of `x.len()` (a `[d_in, d_out]` weight stored column-major).
+    /// Part of a matrix-vector product over rows, `out[j] = weight row j · x`, where `weight`
+    /// holds `out.len()` rows of `x.len()` (a `[d_in, d_out]` weight stored column-major):
+    /// the rows of `steps`. With `q = out.len() / 4`, step `s < q` is the rows `s`, `q + s`,
+    /// `2q + s` and `3q + s`, and step `q + i` the leftover row `4q + i`.
     ///
     /// Four rows at a time, so each load of `x` feeds four multiply-adds, and the four are
     /// taken from the four quarters of the matrix: four sequential streams far apart keep
     /// more reads in flight than four neighbouring rows do (10% faster on one core here).
-    /// Rows whose length is not a multiple of `LANES` (no Llama's is) take a plain loop.
-    pub fn matvec(weight: &[f32], x: &[f32], out: &mut [f32]) {
+    /// `out` is atomic so that threads can share a product's rows (`matvec`); the stores are
+    /// relaxed, plain stores on x86.
+    pub fn matvec_steps(
+        weight: &[f32],
+        x: &[f32],
+        out: &[AtomicU32],
+        steps: Range<usize>,
+    ) {
         let d_in = x.len();
-        let dot = |row: &[f32]| row.iter().zip(x).map(|(w, x)| w * x).sum();
-        if !d_in.is_multiple_of(LANES) {
-            for (row, out) in weight.chunks_exact(d_in).zip(out) {
-                *out = dot(row);
-            }
-            return;
-        }
         let quarter = out.len() / 4;
-        let (quartered, rest) = out.split_at_mut(4 * quarter);
-        let mut outs = quartered.chunks_exact_mut(quarter.max(1));
-        let mut rows = weight.chunks_exact((quarter * d_in).max(1));
-        if let ([Some(o0), Some(o1), Some(o2), Some(o3)], [Some(w0), Some(w1), Some(w2), Some(w3)]) =
-            ([(); 4].map(|_| outs.next()), [(); 4].map(|_| rows.next()))
-        {
-            let outs = o0.iter_mut().zip(o1).zip(o2).zip(o3);
-            let rows = w0.chunks_exact(d_in).zip(w1.chunks_exact(d_in));
-            let rows = rows.zip(w2.chunks_exact(d_in)).zip(w3.chunks_exact(d_in));
+        let quartered = steps.start.min(quarter)..steps.end.min(quarter);
+        let leftover = steps.start.max(quarter)..steps.end;
+        let stream = |k: usize| {
+            &weight[(k * quarter + quartered.start) * d_in..][..quartered.len() * d_in]
+        };
+        if d_in.is_multiple_of(LANES) {
+            let outs = |k: usize| &out[k * quarter + quartered.start..][..quartered.len()];
+            let outs = outs(0).iter().zip(outs(1)).zip(outs(2)).zip(outs(3));
+            let rows = stream(0).chunks_exact(d_in).zip(stream(1).chunks_exact(d_in));
+            let rows = rows
+                .zip(stream(2).chunks_exact(d_in))
+                .zip(stream(3).chunks_exact(d_in));
             for ((((o0, o1), o2), o3), (((r0, r1), r2), r3)) in outs.zip(rows) {
-                [*o0, *o1, *o2, *o3] = dot4([r0, r1, r2, r3], x);
+                let [d0, d1, d2, d3] = dot4([r0, r1, r2, r3], x);
+                o0.store(d0.to_bits(), Ordering::Relaxed);
+                o1.store(d1.to_bits(), Ordering::Relaxed);
+                o2.store(d2.to_bits(), Ordering::Relaxed);
+                o3.store(d3.to_bits(), Ordering::Relaxed);
+            }
+        } else {
+            for s in quartered {
+                for k in 0..4 {
+                    let row = k * quarter + s;
+                    let value = dot(&weight[row * d_in..][..d_in], x);
+                    out[row].store(value.to_bits(), Ordering::Relaxed);
+                }
             }
         }
-        for (row, out) in weight[4 * quarter * d_in..].chunks_exact(d_in).zip(rest) {
-            *out = dot(row);
+        // Leftover step s is row 4q + (s - q).
+        for row in leftover.start + 3 * quarter..leftover.end + 3 * quarter {
+            let value = dot(&weight[row * d_in..][..d_in], x);
+            out[row].store(value.to_bits(), Ordering::Relaxed);
         }
     }
 }
@@ -350,12 +377,15 @@ mod tests {
         let (d_in, d_out) = (37, 11); // neither a multiple of the lanes nor of 4 rows
         let weight: Vec<f32> = (0..d_in * d_out).map(|i| (i % 13) as f32 - 6.0).collect();
         let x: Vec<f32> = (0..d_in).map(|i| i as f32 * 0.5).collect();
-        let mut out = vec![0.0; d_out];
-        matvec(&weight, &x, &mut out);
+        let out: Vec<AtomicU32> = (0..d_out).map(|_| AtomicU32::new(0)).collect();
+        let steps = matvec_step_count(d_out);
+        matvec_steps(&weight, &x, &out, 0..steps / 2);
+        matvec_steps(&weight, &x, &out, steps / 2..steps);
         for (row, got) in weight.chunks(d_in).zip(&out) {
             let want: f32 = row.iter().zip(&x).map(|(w, x)| w * x).sum();
             assert_eq!(
-                *got, want,
+                f32::from_bits(got.load(Ordering::Relaxed)),
+                want,
                 "small integers: every order of summation is exact"
             );
         }

@@ -1,0 +1,211 @@
+//! Single-row matrix products: the whole of decoding's arithmetic, split across threads.
+//!
+//! Decoding one token is a matrix-vector product per weight, bound by how fast the weights
+//! stream from memory. burn-flex runs each on one thread through gemm; here every thread
+//! streams its own contiguous share of each product's rows, worked in steps of four rows,
+//! one from each quarter of the share, so a thread keeps four sequential streams in flight
+//! (`simd::matvec_steps`). Products that share an input (q, k, v; gate, up) go in one
+//! parallel region, one hand-off instead of three, to threads kept spinning (`team`).
+//!
+//! Equal shares do not finish together on these machines: for a while one core is often a
+//! few percent slower than the other (it takes the interrupts, or the hypervisor takes it),
+//! and the other then waits at the end of each of a token's ~150 products. So a thread done
+//! with its own shares takes steps from the far end of the others', a few at a time: the
+//! owner keeps streaming forward, the other works backward from the end, and they meet
+//! wherever their speeds put them. Decode +2-3% when memory is fast (per-token A/B), where
+//! such waits weigh most; level when it is slow.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+
+use super::{simd, team};
+
+/// Below this many output rows per thread, splitting a product costs more than it saves.
+const MIN_ROWS_PER_THREAD: usize = 64;
+
+/// Steps an owner claims at a time: 64 rows, one compare-and-swap per ~150 KB of weights.
+const OWNER_STEPS: usize = 16;
+
+/// Steps a thread claims at a time from the end of another's share: few, so that neither is
+/// left computing a long last claim while the other waits.
+const HELPER_STEPS: usize = 4;
+
+/// `out[i][j] = weights[i] row j · x` for each weight: `weights[i]` holds its rows
+/// contiguously (a `[d_in, d_out]` weight stored column-major), all split across the
+/// pool's threads in one parallel region (one hand-off for q, k and v together).
+pub fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
+    let threads = rayon::current_num_threads();
+    // Whichever thread computes a row stores it, so the outputs are atomics; a relaxed
+    // store is a plain store on x86, and the region's end orders them before the reads.
+    let outs: Vec<Vec<AtomicU32>> = weights
+        .iter()
+        .map(|rows| {
+            (0..rows.len() / x.len())
+                .map(|_| AtomicU32::new(0))
+                .collect()
+        })
+        .collect();
+    let mut shares: Vec<Vec<Share>> = (0..threads).map(|_| Vec::new()).collect();
+    for (&rows, out) in weights.iter().zip(&outs) {
+        if threads < 2 || out.len() < threads * MIN_ROWS_PER_THREAD {
+            shares[0].push(Share::new(rows, out));
+            continue;
+        }
+        // A multiple of four rows per thread: each share splits into four whole quarters.
+        let per_thread = out.len().div_ceil(threads).next_multiple_of(4);
+        let parts = rows
+            .chunks(per_thread * x.len())
+            .zip(out.chunks(per_thread));
+        for (share, (rows, out)) in shares.iter_mut().zip(parts) {
+            share.push(Share::new(rows, out));
+        }
+    }
+    team::for_each_chunk(threads, &|own| {
+        for share in &shares[own] {
+            while let Some(steps) = share.claim_front(OWNER_STEPS) {
+                simd::matvec_steps(share.rows, x, share.out, steps);
+            }
+        }
+        for other in (1..threads).map(|k| (own + k) % threads) {
+            // The other's last share first: the farthest from where its owner is working.
+            for share in shares[other].iter().rev() {
+                while let Some(steps) = share.claim_back(HELPER_STEPS) {
+                    simd::matvec_steps(share.rows, x, share.out, steps);
+                }
+            }
+        }
+    });
+    outs.into_iter()
+        .map(|out| {
+            out.into_iter()
+                .map(|bits| f32::from_bits(bits.into_inner()))
+                .collect()
+        })
+        .collect()
+}
+
+/// One thread's rows of one product, in the steps `simd::matvec_steps` counts, claimed from
+/// the front by the owner and from the back by a thread with nothing left of its own.
+struct Share<'a> {
+    rows: &'a [f32],
+    out: &'a [AtomicU32],
+    /// The steps nobody has claimed, `front..back`, packed as `front << 32 | back` so that one
+    /// compare-and-swap moves either end and the two can never cross.
+    unclaimed: AtomicU64,
+}
+
+impl<'a> Share<'a> {
+    fn new(rows: &'a [f32], out: &'a [AtomicU32]) -> Self {
+        let steps = simd::matvec_step_count(out.len());
+        Self {
+            rows,
+            out,
+            unclaimed: AtomicU64::new(pack(0..steps)),
+        }
+    }
+
+    /// Up to `n` steps from the front, if any are left.
+    fn claim_front(&self, n: usize) -> Option<Range<usize>> {
+        self.claim(|left| {
+            let end = (left.start + n).min(left.end);
+            (left.start..end, end..left.end)
+        })
+    }
+
+    /// Up to `n` steps from the back, if any are left.
+    fn claim_back(&self, n: usize) -> Option<Range<usize>> {
+        self.claim(|left| {
+            let start = left.end.saturating_sub(n).max(left.start);
+            (start..left.end, left.start..start)
+        })
+    }
+
+    /// Splits the unclaimed steps into (claimed, still unclaimed) with `split`, atomically.
+    fn claim(
+        &self,
+        split: impl Fn(Range<usize>) -> (Range<usize>, Range<usize>),
+    ) -> Option<Range<usize>> {
+        let mut current = self.unclaimed.load(Ordering::Relaxed);
+        loop {
+            let left = unpack(current);
+            if left.is_empty() {
+                return None;
+            }
+            let (claimed, rest) = split(left);
+            match self.unclaimed.compare_exchange_weak(
+                current,
+                pack(rest),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            ) {
+                Ok(_) => return Some(claimed),
+                Err(now) => current = now,
+            }
+        }
+    }
+}
+
+fn pack(steps: Range<usize>) -> u64 {
+    ((steps.start as u64) << 32) | steps.end as u64
+}
+
+fn unpack(packed: u64) -> Range<usize> {
+    (packed >> 32) as usize..(packed & 0xffff_ffff) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every row computed once and right, with the work split, stolen or not, including a
+    /// product too small to split and row counts that leave rows outside the quarters.
+    #[test]
+    fn matvecs_match_the_definition() {
+        let d_in = 48;
+        let x: Vec<f32> = (0..d_in).map(|i| (i % 7) as f32 - 3.0).collect();
+        let weights: Vec<Vec<f32>> = [1000, 130, 7, 259]
+            .iter()
+            .map(|&d_out| (0..d_out * d_in).map(|i| (i % 11) as f32 - 5.0).collect())
+            .collect();
+        let rows: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+        for threads in [1, 2, 3] {
+            let pool = rayon::ThreadPoolBuilder::new()
+                .num_threads(threads)
+                .build()
+                .expect("a thread pool");
+            for in_team in [false, true] {
+                let outs = pool.install(|| {
+                    if in_team {
+                        team::with_team(|| matvecs(&rows, &x))
+                    } else {
+                        matvecs(&rows, &x)
+                    }
+                });
+                for (weight, out) in rows.iter().zip(&outs) {
+                    assert_eq!(out.len(), weight.len() / d_in);
+                    for (row, got) in weight.chunks(d_in).zip(out) {
+                        let want: f32 = row.iter().zip(&x).map(|(w, x)| w * x).sum();
+                        assert_eq!(*got, want, "small integers: exact in any order");
+                    }
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn claims_from_both_ends_meet_without_overlap() {
+        let out: Vec<AtomicU32> = (0..4 * 10 + 3).map(|_| AtomicU32::new(0)).collect();
+        let share = Share::new(&[], &out);
+        let mut taken = vec![0; simd::matvec_step_count(out.len())];
+        let mut front = true;
+        while let Some(steps) = if front {
+            share.claim_front(3)
+        } else {
+            share.claim_back(2)
+        } {
+            steps.for_each(|s| taken[s] += 1);
+            front = !front;
+        }
+        assert!(taken.iter().all(|&t| t == 1), "{taken:?}");
+    }
+}

@@ -75,27 +75,25 @@ impl<B: Backend> KvCache<B> {
 }
 
 impl<B: Kernels> LayerCache<B> {
-    /// Appends one position for a kernel that writes the buffers itself: `write` gets the
-    /// key and value buffers (`[batch, capacity, n_kv_heads * head_dim]`) and the position to
-    /// fill, and hands the buffers back with its result.
+    /// Appends `seq` positions for a kernel that writes the buffers itself: `write` gets the
+    /// key and value buffers (`[batch, capacity, n_kv_heads * head_dim]`) and the first
+    /// position to fill, and hands the buffers back with its result.
     ///
     /// Panics if the cache is full: callers check the context length before running.
     pub(crate) fn append_with<R>(
         &mut self,
+        seq: usize,
         write: impl FnOnce(Tensor<B, 3>, Tensor<B, 3>, usize) -> (Tensor<B, 3>, Tensor<B, 3>, R),
     ) -> R {
+        let (start, end) = (self.len, self.len + seq);
         let keys = self.keys.take().expect("cache buffer present");
         let values = self.values.take().expect("cache buffer present");
         let capacity = keys.dims()[1];
-        assert!(
-            self.len < capacity,
-            "KV cache overflow: {} > {capacity}",
-            self.len + 1
-        );
-        let (keys, values, out) = write(keys, values, self.len);
+        assert!(end <= capacity, "KV cache overflow: {end} > {capacity}");
+        let (keys, values, out) = write(keys, values, start);
         self.keys = Some(keys);
         self.values = Some(values);
-        self.len += 1;
+        self.len = end;
         out
     }
 
@@ -110,20 +108,15 @@ impl<B: Kernels> LayerCache<B> {
         v: Tensor<B, 3>,
     ) -> (Tensor<B, 3>, Tensor<B, 3>) {
         let [_, seq, _] = k.dims();
-        let (start, end) = (self.len, self.len + seq);
-        let keys = self.keys.take().expect("cache buffer present");
-        let values = self.values.take().expect("cache buffer present");
-        let capacity = keys.dims()[1];
-        assert!(end <= capacity, "KV cache overflow: {end} > {capacity}");
-        let keys = B::write_rows(keys, start, k);
-        let values = B::write_rows(values, start, v);
-        self.len = end;
-        let out = (
-            keys.clone().narrow(1, 0, end),
-            values.clone().narrow(1, 0, end),
-        );
-        self.keys = Some(keys);
-        self.values = Some(values);
-        out
+        self.append_with(seq, |keys, values, start| {
+            let keys = B::write_rows(keys, start, k);
+            let values = B::write_rows(values, start, v);
+            let end = start + seq;
+            let views = (
+                keys.clone().narrow(1, 0, end),
+                values.clone().narrow(1, 0, end),
+            );
+            (keys, values, views)
+        })
     }
 }

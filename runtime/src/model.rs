@@ -261,25 +261,29 @@ impl<B: Kernels> DecoderLayer<B> {
 }
 
 impl<B: Kernels> Attention<B> {
+    /// The head layout attention kernels take.
+    pub(crate) fn heads(&self) -> Heads {
+        Heads {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
     /// # Shapes
     /// - x: `[batch, seq, hidden]`
     /// - output: `[batch, seq, hidden]`
     fn forward(&self, x: Tensor<B, 3>, cache: &mut LayerCache<B>, step: &Step<B>) -> Tensor<B, 3> {
         // Rotate while each projection is still one contiguous [batch, seq, heads * hd] block.
         // The score scale goes on q (1/8 for hd = 64, a power of two, so this is exact).
-        let scale = 1.0 / (self.head_dim as f32).sqrt();
+        let heads = self.heads();
         let [q, k, v] = B::linear_forward(
             x,
             [&self.q_proj, &self.k_proj, &self.v_proj].map(|linear| linear.weight.val()),
         );
-        let q = B::rotary(q, step.cos.clone(), step.sin.clone(), scale);
+        let q = B::rotary(q, step.cos.clone(), step.sin.clone(), heads.score_scale());
         let k = B::rotary(k, step.cos.clone(), step.sin.clone(), 1.0);
         let (k, v) = cache.append(k, v); // [batch, start + seq, n_kv * hd]
-        let heads = Heads {
-            n_heads: self.n_heads,
-            n_kv_heads: self.n_kv_heads,
-            head_dim: self.head_dim,
-        };
         project(&self.o_proj, B::causal_attention(q, k, v, heads))
     }
 }

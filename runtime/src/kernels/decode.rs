@@ -12,7 +12,7 @@ use burn::tensor::Tensor;
 
 use super::attention::{CausalAttention, Rows};
 use super::matvec::matvecs;
-use super::{Heads, flex, from_flex, rows, simd, weight_rows};
+use super::{flex, from_flex, rows, simd, weight_rows};
 use crate::FlexBackend;
 use crate::cache::LayerCache;
 use crate::model::DecoderLayer;
@@ -60,11 +60,7 @@ pub(super) fn decode_layer(
     let table = |t: &Tensor<FlexBackend, 2>| t.clone().into_primitive().tensor().to_contiguous();
     let (cos, sin) = (table(cos), table(sin));
     let (cos, sin): (&[f32], &[f32]) = (cos.storage(), sin.storage());
-    let heads = Heads {
-        n_heads: attention.n_heads,
-        n_kv_heads: attention.n_kv_heads,
-        head_dim: attention.head_dim,
-    };
+    let heads = attention.heads();
 
     // The residual stream, updated in place.
     let mut x = flex(x.clone()).to_contiguous();
@@ -79,9 +75,9 @@ pub(super) fn decode_layer(
     );
     let [mut q, mut k, v] = outputs(matvecs(&[q_proj, k_proj, v_proj], &normed));
     // The score scale goes on q, as in the composed path.
-    simd::rotary_heads(&mut q, cos, sin, 1.0 / (heads.head_dim as f32).sqrt());
+    simd::rotary_heads(&mut q, cos, sin, heads.score_scale());
     simd::rotary_heads(&mut k, cos, sin, 1.0);
-    let attended = cache.append_with(|keys, values, position| {
+    let attended = cache.append_with(1, |keys, values, position| {
         // Contiguous already (the cache allocates them so), and not shared: written in place.
         let (mut keys, mut values) = (flex(keys).to_contiguous(), flex(values).to_contiguous());
         for (buffer, row) in [(&mut keys, &k), (&mut values, &v)] {

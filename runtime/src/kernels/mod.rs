@@ -39,6 +39,13 @@ pub struct Heads {
     pub head_dim: usize,
 }
 
+impl Heads {
+    /// Attention's score scale, `1/sqrt(head_dim)`, which RoPE applies to the queries.
+    pub fn score_scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
 /// The model's fused operations, per backend.
 pub trait Kernels: Backend {
     /// Causal grouped-query attention.

@@ -5,8 +5,11 @@
 
 pub mod checkpoint;
 pub mod convert;
+pub mod digest;
 pub mod gguf;
 pub mod import;
 mod mmap;
 pub mod names;
+pub mod record;
 mod staging;
+pub mod verify;

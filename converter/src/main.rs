@@ -6,7 +6,7 @@ use std::time::Instant;
 
 use anyhow::Result;
 use clap::{Parser, Subcommand};
-use converter::{convert, import};
+use converter::{convert, import, verify};
 
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
@@ -79,7 +79,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
         Command::Verify { out_dir, source } => {
-            let problems = convert::verify(&out_dir, source.as_deref())?;
+            let problems = verify::verify(&out_dir, source.as_deref())?;
             if !problems.is_empty() {
                 for problem in &problems {
                     eprintln!("mismatch: {problem}");

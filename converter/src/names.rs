@@ -1,11 +1,15 @@
-//! The one table from Hugging Face tensor names to Burn record field paths.
+//! Hugging Face tensor names from Burn record field paths, by rule.
 //!
-//! The runtime's module uses the checkpoint's own names, so the table holds only what really
-//! differs: the `model.` prefix, RmsNorm's `weight` called `gamma` in Burn, and Linear
-//! weights, which Burn stores as `[d_in, d_out]` (PyTorch: `[out, in]`).
+//! The runtime's module uses the checkpoint's own names, so the rules hold only what really
+//! differs: the `model.` prefix (all but `lm_head`), RmsNorm's `weight` called `gamma` in
+//! Burn, and Linear weights, which Burn stores as `[d_in, d_out]` (PyTorch: `[out, in]`).
+//! Which tensors a checkpoint must have comes from the model itself (`runtime::params`), so
+//! a new projection or bias in `model.rs` needs no edit here.
 //!
 //! No q/k permutation: the runtime's RoPE uses transformers' `rotate_half` layout, so q_proj
 //! and k_proj rows are used as published.
+
+use runtime::params::ParamInfo;
 
 /// What happens to a tensor between the checkpoint and the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -16,61 +20,9 @@ pub enum Transform {
     Transpose,
 }
 
-/// `(Hugging Face name, Burn path, transform)`; `{i}` stands for the layer index.
-const TABLE: &[(&str, &str, Transform)] = &[
-    (
-        "model.embed_tokens.weight",
-        "embed_tokens.weight",
-        Transform::Keep,
-    ),
-    ("model.norm.weight", "norm.gamma", Transform::Keep),
-    ("lm_head.weight", "lm_head.weight", Transform::Transpose),
-    (
-        "model.layers.{i}.input_layernorm.weight",
-        "layers.{i}.input_layernorm.gamma",
-        Transform::Keep,
-    ),
-    (
-        "model.layers.{i}.self_attn.q_proj.weight",
-        "layers.{i}.self_attn.q_proj.weight",
-        Transform::Transpose,
-    ),
-    (
-        "model.layers.{i}.self_attn.k_proj.weight",
-        "layers.{i}.self_attn.k_proj.weight",
-        Transform::Transpose,
-    ),
-    (
-        "model.layers.{i}.self_attn.v_proj.weight",
-        "layers.{i}.self_attn.v_proj.weight",
-        Transform::Transpose,
-    ),
-    (
-        "model.layers.{i}.self_attn.o_proj.weight",
-        "layers.{i}.self_attn.o_proj.weight",
-        Transform::Transpose,
-    ),
-    (
-        "model.layers.{i}.post_attention_layernorm.weight",
-        "layers.{i}.post_attention_layernorm.gamma",
-        Transform::Keep,
-    ),
-    (
-        "model.layers.{i}.mlp.gate_proj.weight",
-        "layers.{i}.mlp.gate_proj.weight",
-        Transform::Transpose,
-    ),
-    (
-        "model.layers.{i}.mlp.up_proj.weight",
-        "layers.{i}.mlp.up_proj.weight",
-        Transform::Transpose,
-    ),
-    (
-        "model.layers.{i}.mlp.down_proj.weight",
-        "layers.{i}.mlp.down_proj.weight",
-        Transform::Transpose,
-    ),
-];
+/// The tied source of `lm_head.weight`.
+pub const EMBEDDING: &str = "model.embed_tokens.weight";
+pub const LM_HEAD: &str = "lm_head.weight";
 
 /// Checkpoint entries that are buffers, not parameters (older transformers saved RoPE's
 /// `inv_freq`); they are recomputed from config.json and skipped.
@@ -78,72 +30,92 @@ pub fn is_ignored(hf_name: &str) -> bool {
     hf_name.ends_with(".rotary_emb.inv_freq")
 }
 
-/// The tied source of `lm_head.weight`.
-pub const EMBEDDING: &str = "model.embed_tokens.weight";
-pub const LM_HEAD: &str = "lm_head.weight";
-
-/// Burn path and transform of a Hugging Face tensor name.
-pub fn to_burn(hf_name: &str) -> Option<(String, Transform)> {
-    TABLE.iter().find_map(|&(hf, burn, transform)| {
-        let layer = match_pattern(hf, hf_name)?;
-        Some((fill(burn, layer), transform))
-    })
+/// Hugging Face name of a Burn parameter and how its values are transformed, or `None` for
+/// a parameter of a module type the rules don't know.
+pub fn to_hf(param: &ParamInfo) -> Option<(String, Transform)> {
+    let (module, field) = param.path.rsplit_once('.')?;
+    let (hf_field, transform) = match (param.owner.as_str(), field) {
+        ("Linear", "weight") => ("weight", Transform::Transpose),
+        ("Linear", "bias") | ("Embedding", "weight") => (field, Transform::Keep),
+        ("RmsNorm", "gamma") => ("weight", Transform::Keep),
+        _ => return None,
+    };
+    let prefix = if module == "lm_head" { "" } else { "model." };
+    Some((format!("{prefix}{module}.{hf_field}"), transform))
 }
 
-/// Hugging Face name and transform of a Burn path.
-pub fn to_hf(burn_path: &str) -> Option<(String, Transform)> {
-    TABLE.iter().find_map(|&(hf, burn, transform)| {
-        let layer = match_pattern(burn, burn_path)?;
-        Some((fill(hf, layer), transform))
-    })
-}
-
-/// Matches `name` against a pattern with at most one `{i}`; returns the layer index text
-/// (empty for patterns without one).
-fn match_pattern<'a>(pattern: &str, name: &'a str) -> Option<&'a str> {
-    match pattern.split_once("{i}") {
-        None => (pattern == name).then_some(""),
-        Some((prefix, suffix)) => {
-            let index = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
-            let canonical = index.parse::<usize>().ok()?.to_string() == index;
-            canonical.then_some(index)
-        }
-    }
-}
-
-fn fill(pattern: &str, layer: &str) -> String {
-    pattern.replace("{i}", layer)
+/// `(layer, rest)` of a per-layer name, `model.layers.{layer}.{rest}`, with the layer
+/// written as a plain decimal number.
+pub fn split_layer(hf_name: &str) -> Option<(usize, &str)> {
+    let (index, rest) = hf_name.strip_prefix("model.layers.")?.split_once('.')?;
+    let layer = index.parse::<usize>().ok()?;
+    (layer.to_string() == index).then_some((layer, rest))
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn maps_both_ways() {
-        let hf = "model.layers.12.self_attn.k_proj.weight";
-        let (burn, t) = to_burn(hf).unwrap();
-        assert_eq!(
-            (burn.as_str(), t),
-            ("layers.12.self_attn.k_proj.weight", Transform::Transpose)
-        );
-        assert_eq!(to_hf(&burn).unwrap().0, hf);
-        assert_eq!(to_burn("model.norm.weight").unwrap().0, "norm.gamma");
-        assert_eq!(
-            to_hf("layers.0.post_attention_layernorm.gamma").unwrap().0,
-            "model.layers.0.post_attention_layernorm.weight"
-        );
+    fn param(path: &str, owner: &str) -> ParamInfo {
+        ParamInfo {
+            path: path.into(),
+            shape: Vec::new(),
+            owner: owner.into(),
+        }
     }
 
     #[test]
-    fn rejects_near_misses() {
+    fn names_by_rule() {
+        let cases = [
+            (
+                param("layers.12.self_attn.k_proj.weight", "Linear"),
+                "model.layers.12.self_attn.k_proj.weight",
+                Transform::Transpose,
+            ),
+            (
+                param("layers.3.self_attn.q_proj.bias", "Linear"),
+                "model.layers.3.self_attn.q_proj.bias",
+                Transform::Keep,
+            ),
+            (
+                param("layers.0.post_attention_layernorm.gamma", "RmsNorm"),
+                "model.layers.0.post_attention_layernorm.weight",
+                Transform::Keep,
+            ),
+            (
+                param("norm.gamma", "RmsNorm"),
+                "model.norm.weight",
+                Transform::Keep,
+            ),
+            (
+                param("embed_tokens.weight", "Embedding"),
+                EMBEDDING,
+                Transform::Keep,
+            ),
+            (
+                param("lm_head.weight", "Linear"),
+                LM_HEAD,
+                Transform::Transpose,
+            ),
+        ];
+        for (param, hf, transform) in cases {
+            assert_eq!(to_hf(&param), Some((hf.to_string(), transform)));
+        }
+        assert_eq!(to_hf(&param("layers.0.rotary.freqs", "Rope")), None);
+    }
+
+    #[test]
+    fn splits_only_canonical_layer_numbers() {
+        assert_eq!(
+            split_layer("model.layers.7.mlp.up_proj.weight"),
+            Some((7, "mlp.up_proj.weight"))
+        );
         for name in [
             "model.layers.x.mlp.up_proj.weight",
             "model.layers.01.mlp.up_proj.weight",
-            "model.layers.1.mlp.up_proj.bias",
-            "model.embed_tokens.weight.extra",
+            "model.norm.weight",
         ] {
-            assert!(to_burn(name).is_none(), "{name} mapped");
+            assert_eq!(split_layer(name), None, "{name}");
         }
     }
 }

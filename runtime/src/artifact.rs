@@ -5,19 +5,16 @@
 //! "complete" marker: a directory without one, or whose files differ in size from it, is an
 //! interrupted conversion and is refused.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 
 use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
-use sha2::{Digest, Sha256};
 
 use crate::config::{ConfigError, LlamaConfig};
 use crate::model::Llama;
-use crate::params::param_shapes;
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::params::params;
 
 /// The Burn record of the model's parameters.
 pub const MODEL_FILE: &str = "model.mpk";
@@ -74,28 +71,12 @@ pub struct FileDigest {
     pub bytes: u64,
 }
 
-/// The text of the manifest's tokenizer probe: it touches the tricky parts (digits split
-/// one by one, CJK, emoji, code, a special token).
-pub const PROBE_TEXT: &str =
-    "Hello, world! 12345 日本語 🦀 fn main() { println!(\"hi\"); } <|im_start|>user";
-
 /// Token ids of a fixed text, so a changed tokenizer shows up as a manifest difference.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct Probe {
     pub text: String,
     pub token_ids: Vec<u32>,
-}
-
-impl Probe {
-    /// Tokenizes `text` with the tokenizer files in `dir`, exactly as the runtime encodes a
-    /// prompt.
-    pub fn compute(dir: &Path, text: &str) -> Result<Self, TokenizerError> {
-        Ok(Self {
-            text: text.to_string(),
-            token_ids: Tokenizer::from_dir(dir)?.encode(text)?,
-        })
-    }
 }
 
 /// `manifest.json`: what was converted, by which converter, into which files.
@@ -167,28 +148,6 @@ impl Manifest {
     }
 }
 
-/// sha256 (lower-case hex) and size of a file, read in 1 MiB chunks.
-pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
-    let mut file = std::fs::File::open(path)?;
-    let mut hasher = Sha256::new();
-    let mut buf = vec![0u8; 1 << 20];
-    let mut bytes = 0u64;
-    loop {
-        let n = file.read(&mut buf)?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buf[..n]);
-        bytes += n as u64;
-    }
-    Ok((hex(&hasher.finalize()), bytes))
-}
-
-/// Lower-case hex of `bytes`.
-pub fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
-}
-
 /// Loads a converted model: checks the manifest marks the directory complete, reads the
 /// config and loads `model.mpk` into the Burn module.
 pub fn load_model<B: Backend>(
@@ -202,7 +161,7 @@ pub fn load_model<B: Backend>(
     let model = config.init::<B>(device);
     // Burn loads a record's tensors whatever their shapes; a mismatch would only surface
     // as a panic deep in a matmul, so compare with what config.json implies.
-    let expected = param_shapes::<B, _>(&model);
+    let expected = params::<B, _>(&model);
     let loaded =
         without_panic_message(|| model.load_file(path.clone(), &ArtifactRecorder::new(), device));
     let model = match loaded {
@@ -220,11 +179,14 @@ pub fn load_model<B: Backend>(
             });
         }
     };
-    for ((name, want), (_, got)) in expected.iter().zip(param_shapes::<B, _>(&model)) {
-        if *want != got {
+    for (want, got) in expected.iter().zip(params::<B, _>(&model)) {
+        if want.shape != got.shape {
             return Err(ArtifactError::Record {
                 path,
-                message: format!("{name} has shape {got:?}, config.json implies {want:?}"),
+                message: format!(
+                    "{} has shape {:?}, config.json implies {:?}",
+                    want.path, got.shape, want.shape
+                ),
             });
         }
     }

@@ -6,18 +6,25 @@
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+use crate::backend::{KernelBackend, KvBuffers};
 use crate::config::LlamaConfig;
-use crate::kernels::Kernels;
-use crate::model::Rope;
+use crate::rope::{Rope, RopeRows};
+
+/// Why tokens cannot be run against a cache.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CacheError {
+    #[error("{needed} positions do not fit a KV cache of {capacity}")]
+    Full { needed: usize, capacity: usize },
+    #[error("a batch of {given} sequences does not fit a KV cache for {batch}")]
+    Batch { given: usize, batch: usize },
+}
 
 /// Keys and values of one layer: `[batch, capacity, n_kv_heads * head_dim]` each, the
 /// layout the key and value projections produce, so appending is a plain copy of rows.
 #[derive(Debug)]
 pub struct LayerCache<B: Backend> {
-    // `Option` so `append` can move the buffers into `slice_assign` and back: a clone would
-    // share the storage and force a copy of the whole buffer on every token.
-    keys: Option<Tensor<B, 3>>,
-    values: Option<Tensor<B, 3>>,
+    keys: Tensor<B, 3>,
+    values: Tensor<B, 3>,
     len: usize,
 }
 
@@ -27,17 +34,18 @@ pub struct KvCache<B: Backend> {
     layers: Vec<LayerCache<B>>,
     rope: Rope<B>,
     len: usize,
+    batch: usize,
     capacity: usize,
 }
 
 impl<B: Backend> KvCache<B> {
-    /// A cache for `capacity` positions (prompt plus generated tokens).
+    /// A cache for `batch` sequences of `capacity` positions (prompt plus generated tokens).
     pub fn new(config: &LlamaConfig, batch: usize, capacity: usize, device: &B::Device) -> Self {
         let shape = [batch, capacity, config.n_kv_heads * config.head_dim];
         let layers = (0..config.num_layers)
             .map(|_| LayerCache {
-                keys: Some(Tensor::zeros(shape, device)),
-                values: Some(Tensor::zeros(shape, device)),
+                keys: Tensor::zeros(shape, device),
+                values: Tensor::zeros(shape, device),
                 len: 0,
             })
             .collect();
@@ -45,6 +53,7 @@ impl<B: Backend> KvCache<B> {
             layers,
             rope: Rope::new(config, capacity, device),
             len: 0,
+            batch,
             capacity,
         }
     }
@@ -62,61 +71,82 @@ impl<B: Backend> KvCache<B> {
         self.capacity
     }
 
-    /// The rotary tables and, to append to, every layer's cache.
-    pub(crate) fn rope_and_layers(
-        &mut self,
-    ) -> (&Rope<B>, impl Iterator<Item = &mut LayerCache<B>>) {
-        (&self.rope, self.layers.iter_mut())
+    /// Checks that `seq` more positions of `batch` sequences fit.
+    pub fn check_room(&self, batch: usize, seq: usize) -> Result<(), CacheError> {
+        if batch != self.batch {
+            return Err(CacheError::Batch {
+                given: batch,
+                batch: self.batch,
+            });
+        }
+        let needed = self.len + seq;
+        if needed > self.capacity {
+            return Err(CacheError::Full {
+                needed,
+                capacity: self.capacity,
+            });
+        }
+        Ok(())
     }
 
+    /// The rotary tables' rows for the next `seq` positions.
+    pub(crate) fn rope_rows(&self, seq: usize) -> RopeRows<B> {
+        self.rope.rows(self.len, seq)
+    }
+
+    /// Every layer's cache, to append to.
+    pub(crate) fn layers_mut(&mut self) -> impl Iterator<Item = &mut LayerCache<B>> {
+        self.layers.iter_mut()
+    }
+
+    /// Marks `seq` positions, appended to every layer, as cached.
     pub(crate) fn advance(&mut self, seq: usize) {
         self.len += seq;
     }
 }
 
-impl<B: Kernels> LayerCache<B> {
-    /// Appends `seq` positions for a kernel that writes the buffers itself: `write` gets the
-    /// key and value buffers (`[batch, capacity, n_kv_heads * head_dim]`) and the first
-    /// position to fill, and hands the buffers back with its result.
-    ///
-    /// Panics if the cache is full: callers check the context length before running.
-    pub(crate) fn append_with<R>(
-        &mut self,
-        seq: usize,
-        write: impl FnOnce(Tensor<B, 3>, Tensor<B, 3>, usize) -> (Tensor<B, 3>, Tensor<B, 3>, R),
-    ) -> R {
-        let (start, end) = (self.len, self.len + seq);
-        let keys = self.keys.take().expect("cache buffer present");
-        let values = self.values.take().expect("cache buffer present");
-        let capacity = keys.dims()[1];
-        assert!(end <= capacity, "KV cache overflow: {end} > {capacity}");
-        let (keys, values, out) = write(keys, values, start);
-        self.keys = Some(keys);
-        self.values = Some(values);
-        self.len = end;
-        out
-    }
-
+impl<B: KernelBackend> LayerCache<B> {
     /// Stores `k`, `v` (`[batch, seq, n_kv * head_dim]`) after the cached positions and
     /// returns all keys and values so far, `[batch, len + seq, n_kv * head_dim]` (views of
     /// the buffers, not copies).
-    ///
-    /// Panics if the cache is full: callers check the context length before running.
     pub(crate) fn append(
         &mut self,
         k: Tensor<B, 3>,
         v: Tensor<B, 3>,
-    ) -> (Tensor<B, 3>, Tensor<B, 3>) {
+    ) -> Result<(Tensor<B, 3>, Tensor<B, 3>), CacheError> {
         let [_, seq, _] = k.dims();
-        self.append_with(seq, |keys, values, start| {
-            let keys = B::write_rows(keys, start, k);
-            let values = B::write_rows(values, start, v);
-            let end = start + seq;
-            let views = (
-                keys.clone().narrow(1, 0, end),
-                values.clone().narrow(1, 0, end),
-            );
-            (keys, values, views)
-        })
+        let end = self.reserve(seq)?;
+        B::write_rows(&mut self.keys, self.len, k);
+        B::write_rows(&mut self.values, self.len, v);
+        self.len = end;
+        let prefix = |t: &Tensor<B, 3>| t.clone().narrow(1, 0, end);
+        Ok((prefix(&self.keys), prefix(&self.values)))
+    }
+
+    /// Appends one position through `write`, a kernel that writes the buffers itself and
+    /// returns `None` if it wrote nothing (then the position stays free).
+    pub(crate) fn append_with<R>(
+        &mut self,
+        write: impl FnOnce(KvBuffers<'_, B>) -> Option<R>,
+    ) -> Result<Option<R>, CacheError> {
+        let end = self.reserve(1)?;
+        let written = write(KvBuffers {
+            keys: &mut self.keys,
+            values: &mut self.values,
+            position: self.len,
+        });
+        if written.is_some() {
+            self.len = end;
+        }
+        Ok(written)
+    }
+
+    /// The end of `seq` more positions, if they fit.
+    fn reserve(&self, seq: usize) -> Result<usize, CacheError> {
+        let (needed, capacity) = (self.len + seq, self.keys.dims()[1]);
+        if needed > capacity {
+            return Err(CacheError::Full { needed, capacity });
+        }
+        Ok(needed)
     }
 }

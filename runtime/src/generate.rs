@@ -4,12 +4,12 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use crate::kernels::Kernels;
 use burn::tensor::{Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use crate::artifact::{self, ArtifactError, GENERATION_CONFIG_FILE};
-use crate::cache::KvCache;
+use crate::backend::KernelBackend;
+use crate::cache::{CacheError, KvCache};
 use crate::config::{LlamaConfig, TokenIds};
 use crate::model::Llama;
 use crate::sampling::{Sampler, SamplingParams};
@@ -32,8 +32,8 @@ pub enum GenerateError {
         "the prompt has {tokens} tokens; the model's context holds {context} (max_position_embeddings) and needs room for at least one new token"
     )]
     PromptTooLong { tokens: usize, context: usize },
-    #[error("{tokens} positions do not fit a KV cache of {capacity}")]
-    ContextFull { tokens: usize, capacity: usize },
+    #[error(transparent)]
+    Cache(#[from] CacheError),
     #[error("perplexity needs at least 2 tokens, the text has {0}")]
     TextTooShort(usize),
     #[error("{GENERATION_CONFIG_FILE} is not valid: {0}")]
@@ -93,7 +93,7 @@ pub struct Perplexity {
 }
 
 /// A model ready to run: weights and the ids that end a sequence.
-pub struct Generator<B: Kernels> {
+pub struct Generator<B: KernelBackend> {
     pub model: Llama<B>,
     pub config: LlamaConfig,
     eos_ids: Vec<u32>,
@@ -105,7 +105,7 @@ struct GenerationConfig {
     eos_token_id: Option<TokenIds>,
 }
 
-impl<B: Kernels> Generator<B> {
+impl<B: KernelBackend> Generator<B> {
     /// Loads the artifact in `dir`.
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self, GenerateError> {
         let (model, config) = artifact::load_model::<B>(dir, device)?;
@@ -153,26 +153,17 @@ impl<B: Kernels> Generator<B> {
         cache: &mut KvCache<B>,
         all: bool,
     ) -> Result<Vec<f32>, GenerateError> {
-        if cache.len() + ids.len() > cache.capacity() {
-            return Err(GenerateError::ContextFull {
-                tokens: cache.len() + ids.len(),
-                capacity: cache.capacity(),
-            });
-        }
+        // Checked for the whole input, so a long one fails before any work.
+        cache.check_room(1, ids.len())?;
         let mut out = Vec::new();
         let n_chunks = ids.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
-            let rows = match (all, i + 1 == n_chunks) {
-                (true, _) => LogitRows::All,
-                (false, true) => LogitRows::Last,
-                (false, false) => LogitRows::None,
+            let wanted = match (all, i + 1 == n_chunks) {
+                (true, _) => WantedLogits::All,
+                (false, true) => WantedLogits::Last,
+                (false, false) => WantedLogits::None,
             };
-            let logits = if chunk.len() == 1 {
-                B::decode_step(|| self.chunk_logits(chunk, cache, rows))
-            } else {
-                self.chunk_logits(chunk, cache, rows)
-            };
-            if let Some(logits) = logits {
+            if let Some(logits) = self.chunk_logits(chunk, cache, wanted)? {
                 out.extend(
                     logits.into_vec::<f32>().map_err(|e| {
                         GenerateError::Backend(format!("cannot read logits: {e:?}"))
@@ -183,24 +174,27 @@ impl<B: Kernels> Generator<B> {
         Ok(out)
     }
 
-    /// Runs one chunk of `tokens` and returns the logits of the positions `rows` asks for.
+    /// Runs one chunk of `tokens` and returns the logits of the positions `wanted` names.
     fn chunk_logits(
         &self,
         tokens: &[u32],
         cache: &mut KvCache<B>,
-        rows: LogitRows,
-    ) -> Option<TensorData> {
+        wanted: WantedLogits,
+    ) -> Result<Option<TensorData>, CacheError> {
         let ids: Vec<i64> = tokens.iter().map(|&id| i64::from(id)).collect();
         let ids =
             Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, tokens.len()]), &self.device);
-        let hidden = self.model.forward(ids, cache); // [1, n, hidden]
+        if tokens.len() == 1 {
+            return Ok(Some(self.model.decode(ids, cache)?.into_data()));
+        }
+        let hidden = self.model.forward(ids, cache)?; // [1, n, hidden]
         let [_, n, width] = hidden.dims();
-        let hidden = match rows {
-            LogitRows::None => return None,
-            LogitRows::Last => hidden.slice([0..1, n - 1..n, 0..width]),
-            LogitRows::All => hidden,
+        let hidden = match wanted {
+            WantedLogits::None => return Ok(None),
+            WantedLogits::Last => hidden.slice([0..1, n - 1..n, 0..width]),
+            WantedLogits::All => hidden,
         };
-        Some(self.model.logits(hidden).into_data())
+        Ok(Some(self.model.logits(hidden).into_data()))
     }
 
     /// Generates a continuation of `prompt` (token ids), calling `on_text` with each piece of
@@ -249,7 +243,7 @@ impl<B: Kernels> Generator<B> {
             }
             tokens.push(next);
             history.push(next);
-            if let Some(piece) = stream.step(next)?
+            if let Some(piece) = stream.push(next)?
                 && text.push(&piece, &mut on_text)
             {
                 break StopReason::Stop;
@@ -321,7 +315,7 @@ impl<B: Kernels> Generator<B> {
 
 /// Which positions of a chunk of tokens logits are computed for.
 #[derive(Debug, Clone, Copy)]
-enum LogitRows {
+enum WantedLogits {
     None,
     Last,
     All,

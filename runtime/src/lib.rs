@@ -1,19 +1,51 @@
 //! Minimal runtime for Llama-family models converted to Burn records by `converter`.
 //!
 //! Data flows one way: Hugging Face checkpoint → `converter` → artifact directory
-//! ([`artifact`]) → [`generate::Generator`], which runs [`model::Llama`].
+//! ([`artifact`]) → [`generate::Generator`], which runs [`model::Llama`]. Modules depend
+//! downwards only (docs/ARCHITECTURE.md): [`kernels`] (slices) ← [`backend`] (Burn) ←
+//! [`cache`] ← [`model`] ← [`generate`] ← the binaries.
+//!
+//! Generating text from a converted model:
+//!
+//! ```no_run
+//! use std::path::Path;
+//! use runtime::generate::{GenerateOptions, Generator};
+//! use runtime::{FlexBackend, sampling::SamplingParams, tokenizer::Tokenizer};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let dir = Path::new("artifacts/smollm2-135m-instruct");
+//! let generator = Generator::<FlexBackend>::load(dir, &Default::default())?;
+//! let tokenizer = Tokenizer::from_dir(dir)?;
+//! let prompt = tokenizer.encode("The capital of France is")?;
+//! let options = GenerateOptions {
+//!     max_new_tokens: 20,
+//!     sampling: SamplingParams::default(), // greedy; set `temperature` to sample
+//!     stop: Vec::new(),
+//! };
+//! // Inside the thread pool the kernels use (see `in_thread_pool`).
+//! let generation = runtime::in_thread_pool(None, || {
+//!     generator.generate(&tokenizer, &prompt, &options, |text| print!("{text}"))
+//! })??;
+//! println!("\n{} tokens, {:?}", generation.tokens.len(), generation.stop_reason);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! `runtime/examples/generate.rs` is this as a program.
 
 pub mod artifact;
+pub mod backend;
 pub mod cache;
 pub mod config;
 pub mod generate;
 pub mod kernels;
 pub mod model;
 pub mod params;
+pub mod rope;
 pub mod sampling;
 pub mod tokenizer;
 
-/// The default CPU backend: burn-flex (gemm-based), 8-10x faster than ndarray at decode.
+/// The default CPU backend: burn-flex (gemm-based), with this crate's fused kernels.
 pub type FlexBackend = burn_flex::Flex<f32>;
 /// The legacy CPU backend, kept selectable for comparison.
 pub type NdArrayBackend = burn_ndarray::NdArray<f32>;
@@ -56,8 +88,8 @@ pub fn in_thread_pool<R: Send>(
 ///
 /// A forward pass allocates and frees multi-megabyte temporaries (attention scores,
 /// activations) in every layer. By default glibc serves each from a fresh `mmap` and unmaps it
-/// on free, so every layer pays page faults and page zeroing for the same sizes again; in a
-/// 512-token prefill that was a fifth of the time. Keeping the memory costs nothing extra in
+/// on free, so every layer pays page faults and page zeroing for the same sizes again, a
+/// large share of a long prefill's time (docs/BENCHMARKS.md). Keeping the memory costs nothing extra in
 /// peak RSS: the same sizes are reused. Call it first thing in `main`. A no-op off glibc.
 pub fn keep_freed_memory() {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]

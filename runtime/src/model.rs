@@ -1,19 +1,20 @@
-//! The Llama forward pass in Burn, top to bottom.
+//! The Llama forward pass in Burn, top to bottom, for a prompt (many positions at once)
+//! and for a decoded token (one position, through the backend's fused layer if it has one).
 //!
 //! Field names follow the Hugging Face checkpoint (`q_proj`, `input_layernorm`, ...) so the
-//! converter's name table lists only real differences: the `model.` prefix, Burn's `gamma`
+//! converter's name rules list only real differences: the `model.` prefix, Burn's `gamma`
 //! for norm weights, and Linear weights stored as `[d_in, d_out]`.
 
-use burn::module::Module;
+use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor, TensorData};
-
+use burn::tensor::{Int, Tensor};
 use rayon::prelude::*;
 
-use crate::cache::{KvCache, LayerCache};
+use crate::backend::{Heads, KernelBackend, LayerShape, LayerTensors};
+use crate::cache::{CacheError, KvCache, LayerCache};
 use crate::config::LlamaConfig;
-use crate::kernels::{Heads, Kernels};
+use crate::rope::RopeRows;
 
 /// Decoder-only Llama: token embedding, `num_layers` blocks, final norm, lm_head.
 #[derive(Module, Debug)]
@@ -30,8 +31,10 @@ pub struct Llama<B: Backend> {
 /// One transformer block: pre-norm attention and pre-norm SwiGLU MLP, each with a residual.
 #[derive(Module, Debug)]
 pub struct DecoderLayer<B: Backend> {
+    /// `gamma: [hidden]`
     pub input_layernorm: RmsNorm<B>,
     pub self_attn: Attention<B>,
+    /// `gamma: [hidden]`
     pub post_attention_layernorm: RmsNorm<B>,
     pub mlp: Mlp<B>,
 }
@@ -107,110 +110,64 @@ impl LlamaConfig {
     }
 }
 
-/// Rotary position embedding tables, in Hugging Face's `rotate_half` layout: each head's
-/// first half of dimensions pairs with its second half (not adjacent pairs, as Burn's
-/// `RotaryEncoding` assumes), so checkpoints are used with their q/k rows as published.
-/// See transformers' `modeling_llama.apply_rotary_pos_emb`: `x * cos + rotate_half(x) * sin`,
-/// done by [`Kernels::rotary`].
-#[derive(Debug, Clone)]
-pub struct Rope<B: Backend> {
-    /// `[positions, head_dim]`: `cos(pos * inv_freq)`, the half repeated.
-    cos: Tensor<B, 2>,
-    /// `[positions, head_dim]`: `sin(pos * inv_freq)`, the half repeated.
-    sin: Tensor<B, 2>,
-}
-
-impl<B: Backend> Rope<B> {
-    /// Tables for positions `0..positions` (a KV cache builds them for its capacity).
-    pub fn new(config: &LlamaConfig, positions: usize, device: &B::Device) -> Self {
-        let dim = config.head_dim;
-        let half = dim / 2;
-        // Computed in f32 in the same order as transformers, so angles round the same way.
-        let theta = config.rope_theta as f32;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / dim as f32))
-            .collect();
-        let mut cos = Vec::with_capacity(positions * dim);
-        let mut sin = Vec::with_capacity(positions * dim);
-        for pos in 0..positions {
-            let angles: Vec<f32> = inv_freq.iter().map(|f| pos as f32 * f).collect();
-            cos.extend(angles.iter().chain(&angles).map(|a| a.cos()));
-            sin.extend(angles.iter().chain(&angles).map(|a| a.sin()));
-        }
-        let table = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [positions, dim]), device);
-        Self {
-            cos: table(cos),
-            sin: table(sin),
-        }
-    }
-
-    /// The tables' rows for positions `start..start + seq`: `(cos, sin)`, `[seq, head_dim]` each.
-    fn rows(&self, start: usize, seq: usize) -> (Tensor<B, 2>, Tensor<B, 2>) {
-        let rows = |t: &Tensor<B, 2>| t.clone().narrow(0, start, seq);
-        (rows(&self.cos), rows(&self.sin))
-    }
-}
-
-/// What every layer of one forward call shares: the rotation tables' rows for its positions.
-struct Step<B: Backend> {
-    cos: Tensor<B, 2>,
-    sin: Tensor<B, 2>,
-}
-
-impl<B: Kernels> Llama<B> {
-    /// Runs `tokens` through the model, appending their keys and values to `cache`, and
-    /// returns the final-norm hidden states. Call [`Llama::logits`] on the rows you need:
-    /// generation needs only the last one, perplexity all of them.
+impl<B: KernelBackend> Llama<B> {
+    /// Runs `tokens` through the model after what `cache` holds, appending their keys and
+    /// values to it, and returns the final-norm hidden states. Call [`Llama::logits`] on the
+    /// positions you need: generation needs only the last one, perplexity all of them.
     ///
     /// # Shapes
     /// - tokens: `[batch, seq]`
     /// - output: `[batch, seq, hidden]`
-    pub fn forward(&self, tokens: Tensor<B, 2, Int>, cache: &mut KvCache<B>) -> Tensor<B, 3> {
-        let [_, seq] = tokens.dims();
-        let start = cache.len();
+    pub fn forward(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B, 3>, CacheError> {
+        let [batch, seq] = tokens.dims();
+        cache.check_room(batch, seq)?;
+        let rope = cache.rope_rows(seq);
         let mut x = self.embed_tokens.forward(tokens); // [batch, seq, hidden]
-        let (rope, layer_caches) = cache.rope_and_layers();
-        let (cos, sin) = rope.rows(start, seq);
-        let step = Step { cos, sin };
-        for (layer, layer_cache) in self.layers.iter().zip(layer_caches) {
-            x = layer.forward(x, layer_cache, &step);
+        for (layer, cache) in self.layers.iter().zip(cache.layers_mut()) {
+            x = layer.forward(x, cache, &rope)?;
         }
         cache.advance(seq);
-        B::rms_norm(&self.norm, x)
+        Ok(rms_norm(&self.norm, x))
+    }
+
+    /// Decodes one token per sequence: its logits, `[batch, 1, vocab]`.
+    ///
+    /// A decoded token is a burst of short parallel regions (every product, attention), with
+    /// small single-threaded work between them; the backend may keep its threads spinning
+    /// for the whole token ([`KernelBackend::decode_token`]).
+    ///
+    /// # Shapes
+    /// - tokens: `[batch, 1]`
+    pub fn decode(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        cache: &mut KvCache<B>,
+    ) -> Result<Tensor<B, 3>, CacheError> {
+        B::decode_token(|| Ok(self.logits(self.forward(tokens, cache)?)))
+    }
+
+    /// `[batch, seq, hidden]` → `[batch, seq, vocab]`
+    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
+        project(&self.lm_head, hidden)
     }
 
     /// Re-lays every projection weight out in memory as `[d_out, d_in]` (each output's
     /// weights contiguous) while its logical shape stays `[d_in, d_out]`, as a transposed view.
     ///
     /// Decoding is nothing but matrix-vector products, and a weight stored that way streams as
-    /// one dot product per output: burn-flex's decode kernel (`Kernels::linear_forward`) reads
-    /// only this layout, and gemm's own matrix-vector path is 30% faster on it than on the
-    /// row-major one. Prefill is unaffected: gemm packs either layout.
-    /// Layers are re-laid in parallel; each weight needs one temporary copy of itself.
+    /// one dot product per output: burn-flex's decode kernel reads only this layout, and gemm's
+    /// own matrix-vector path is faster on it than on the row-major one. Prefill is
+    /// unaffected: gemm packs either layout.
     ///
     /// With `tied` embeddings (config.json's `tie_word_embeddings`, for which the converter
     /// wrote lm_head as a copy of the embedding), lm_head becomes a transposed view of the
-    /// embedding, which is already that layout: 113 MB less memory for SmolLM2, no copy.
+    /// embedding, which is already that layout: no copy, and a vocabulary-sized matrix less
+    /// in memory.
     pub fn with_matvec_layout(self, tied: bool) -> Self {
-        let layers = self
-            .layers
-            .into_par_iter()
-            .map(|layer| DecoderLayer {
-                self_attn: Attention {
-                    q_proj: column_major(layer.self_attn.q_proj),
-                    k_proj: column_major(layer.self_attn.k_proj),
-                    v_proj: column_major(layer.self_attn.v_proj),
-                    o_proj: column_major(layer.self_attn.o_proj),
-                    ..layer.self_attn
-                },
-                mlp: Mlp {
-                    gate_proj: column_major(layer.mlp.gate_proj),
-                    up_proj: column_major(layer.mlp.up_proj),
-                    down_proj: column_major(layer.mlp.down_proj),
-                },
-                ..layer
-            })
-            .collect();
         let lm_head = if tied {
             let embedding = self.embed_tokens.weight.val(); // [vocab, hidden]
             Linear {
@@ -218,51 +175,87 @@ impl<B: Kernels> Llama<B> {
                 ..self.lm_head
             }
         } else {
-            column_major(self.lm_head)
+            self.lm_head.map(&mut ColumnMajor)
         };
+        // Each weight needs one temporary copy of itself; layers are re-laid in parallel.
+        let layers = (self.layers.into_par_iter())
+            .map(|layer| layer.map(&mut ColumnMajor))
+            .collect();
         Self {
             layers,
             lm_head,
             ..self
         }
     }
-
-    /// `[batch, seq, hidden]` → `[batch, seq, vocab]`
-    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        project(&self.lm_head, hidden)
-    }
 }
 
-impl<B: Kernels> DecoderLayer<B> {
-    fn forward(&self, x: Tensor<B, 3>, cache: &mut LayerCache<B>, step: &Step<B>) -> Tensor<B, 3> {
-        match B::decode_layer(self, &x, cache, &step.cos, &step.sin) {
-            Some(out) => out,
-            None => self.forward_composed(x, cache, step),
+impl<B: KernelBackend> DecoderLayer<B> {
+    /// # Shapes
+    /// - x: `[batch, seq, hidden]`
+    /// - output: `[batch, seq, hidden]`
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut LayerCache<B>,
+        rope: &RopeRows<B>,
+    ) -> Result<Tensor<B, 3>, CacheError> {
+        let [_, seq, _] = x.dims();
+        if seq == 1 {
+            let fused = cache.append_with(|cache| {
+                B::decode_layer(&x, &self.weights(), self.shape(), cache, rope)
+            })?;
+            if let Some(out) = fused {
+                return Ok(out);
+            }
         }
+        self.forward_composed(x, cache, rope)
     }
 
-    /// The layer as Burn ops (through the backend's [`Kernels`]): what prefill runs, and what
-    /// a backend's fused [`Kernels::decode_layer`] must equal.
+    /// The layer as Burn ops (through the backend's [`KernelBackend`] operations): what a
+    /// prompt runs, and what a backend's fused [`KernelBackend::decode_layer`] must equal.
     fn forward_composed(
         &self,
         x: Tensor<B, 3>,
         cache: &mut LayerCache<B>,
-        step: &Step<B>,
-    ) -> Tensor<B, 3> {
-        let h = x.clone()
-            + self
-                .self_attn
-                .forward(B::rms_norm(&self.input_layernorm, x), cache, step);
-        h.clone()
+        rope: &RopeRows<B>,
+    ) -> Result<Tensor<B, 3>, CacheError> {
+        let attended =
+            self.self_attn
+                .forward(rms_norm(&self.input_layernorm, x.clone()), cache, rope)?;
+        let h = x + attended;
+        Ok(h.clone()
             + self
                 .mlp
-                .forward(B::rms_norm(&self.post_attention_layernorm, h))
+                .forward(rms_norm(&self.post_attention_layernorm, h)))
+    }
+
+    /// The layer's tensors as the backend's fused layer takes them.
+    fn weights(&self) -> LayerTensors<B> {
+        let (attention, mlp) = (&self.self_attn, &self.mlp);
+        LayerTensors {
+            input_layernorm: self.input_layernorm.gamma.val(),
+            q_proj: attention.q_proj.weight.val(),
+            k_proj: attention.k_proj.weight.val(),
+            v_proj: attention.v_proj.weight.val(),
+            o_proj: attention.o_proj.weight.val(),
+            post_attention_layernorm: self.post_attention_layernorm.gamma.val(),
+            gate_proj: mlp.gate_proj.weight.val(),
+            up_proj: mlp.up_proj.weight.val(),
+            down_proj: mlp.down_proj.weight.val(),
+        }
+    }
+
+    fn shape(&self) -> LayerShape {
+        LayerShape {
+            heads: self.self_attn.heads(),
+            epsilon: self.input_layernorm.epsilon as f32,
+        }
     }
 }
 
-impl<B: Kernels> Attention<B> {
+impl<B: KernelBackend> Attention<B> {
     /// The head layout attention kernels take.
-    pub(crate) fn heads(&self) -> Heads {
+    fn heads(&self) -> Heads {
         Heads {
             n_heads: self.n_heads,
             n_kv_heads: self.n_kv_heads,
@@ -273,7 +266,12 @@ impl<B: Kernels> Attention<B> {
     /// # Shapes
     /// - x: `[batch, seq, hidden]`
     /// - output: `[batch, seq, hidden]`
-    fn forward(&self, x: Tensor<B, 3>, cache: &mut LayerCache<B>, step: &Step<B>) -> Tensor<B, 3> {
+    fn forward(
+        &self,
+        x: Tensor<B, 3>,
+        cache: &mut LayerCache<B>,
+        rope: &RopeRows<B>,
+    ) -> Result<Tensor<B, 3>, CacheError> {
         // Rotate while each projection is still one contiguous [batch, seq, heads * hd] block.
         // The score scale goes on q (1/8 for hd = 64, a power of two, so this is exact).
         let heads = self.heads();
@@ -281,14 +279,14 @@ impl<B: Kernels> Attention<B> {
             x,
             [&self.q_proj, &self.k_proj, &self.v_proj].map(|linear| linear.weight.val()),
         );
-        let q = B::rotary(q, step.cos.clone(), step.sin.clone(), heads.score_scale());
-        let k = B::rotary(k, step.cos.clone(), step.sin.clone(), 1.0);
-        let (k, v) = cache.append(k, v); // [batch, start + seq, n_kv * hd]
-        project(&self.o_proj, B::causal_attention(q, k, v, heads))
+        let q = B::rotary(q, rope, heads.score_scale());
+        let k = B::rotary(k, rope, 1.0);
+        let (k, v) = cache.append(k, v)?; // [batch, start + seq, n_kv * hd]
+        Ok(project(&self.o_proj, B::causal_attention(q, k, v, heads)))
     }
 }
 
-impl<B: Kernels> Mlp<B> {
+impl<B: KernelBackend> Mlp<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
         let weights = [&self.gate_proj, &self.up_proj].map(|linear| linear.weight.val());
         let [gate, up] = B::linear_forward(x, weights);
@@ -296,24 +294,37 @@ impl<B: Kernels> Mlp<B> {
     }
 }
 
-/// `linear.forward(x)` (no bias), through the backend's kernel (burn-flex: a threaded
+/// `norm.forward(x)` through the backend's kernel.
+fn rms_norm<B: KernelBackend>(norm: &RmsNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    B::rms_norm(x, norm.gamma.val(), norm.epsilon)
+}
+
+/// `linear.forward(x)` (no bias) through the backend's kernel (burn-flex: a threaded
 /// matrix-vector product for a single row).
-fn project<B: Kernels>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+fn project<B: KernelBackend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
     let [out] = B::linear_forward(x, [linear.weight.val()]);
     out
 }
 
-/// `linear` with its weight stored `[d_out, d_in]` in memory, seen as `[d_in, d_out]`.
-fn column_major<B: Backend>(linear: Linear<B>) -> Linear<B> {
-    let weight = linear.weight.map(|w| {
-        let [d_in, d_out] = w.dims();
-        // Reshaping the transposed view forces a (tiled) copy into the new order.
-        w.transpose()
-            .reshape([d_out * d_in])
-            .reshape([d_out, d_in])
-            .transpose()
-    });
-    Linear { weight, ..linear }
+/// Stores every 2-D parameter (a Linear weight, `[d_in, d_out]`) as `[d_out, d_in]` in
+/// memory, seen as `[d_in, d_out]`.
+struct ColumnMajor;
+
+impl<B: Backend> ModuleMapper<B> for ColumnMajor {
+    fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
+        if D != 2 {
+            return param;
+        }
+        param.map(|w| {
+            // Reshaping the transposed view forces a (tiled) copy into the new order.
+            let transposed = w.transpose(); // [d_out, d_in]
+            let shape = transposed.shape();
+            transposed
+                .reshape([shape.num_elements()])
+                .reshape(shape)
+                .transpose()
+        })
+    }
 }
 
 #[cfg(test)]
@@ -322,9 +333,9 @@ mod tests {
     use crate::FlexBackend;
     use burn::tensor::Distribution;
 
-    /// burn-flex's fused single-token layer (`Kernels::decode_layer`) gives exactly what the
-    /// layer's ops give, token after token, with keys split across threads once there are
-    /// enough of them and projections both split and not.
+    /// burn-flex's fused single-token layer (`KernelBackend::decode_layer`) gives exactly
+    /// what the layer's ops give, token after token, with keys split across threads once
+    /// there are enough of them and projections both split and not.
     #[test]
     fn fused_decode_layer_equals_the_composed_ops() {
         let config = LlamaConfig {
@@ -359,26 +370,27 @@ mod tests {
             ..layer
         };
         let positions = 40;
-        let mut caches = [(); 2].map(|_| KvCache::new(&config, 1, positions, &device));
+        let [mut fused_cache, mut composed_cache] =
+            [(); 2].map(|_| KvCache::new(&config, 1, positions, &device));
         for position in 0..positions {
             let x = Tensor::<FlexBackend, 3>::random(
                 [1, 1, 64],
                 Distribution::Normal(0.0, 1.0),
                 &device,
             );
-            let [fused, composed] = caches.each_mut().map(|cache| {
-                let (rope, mut layer_caches) = cache.rope_and_layers();
-                let (cos, sin) = rope.rows(position, 1);
-                let layer_cache = layer_caches.next().expect("one layer");
-                let step = Step { cos, sin };
-                (layer_cache, step)
-            });
-            let (fused_cache, step) = fused;
-            let fused = FlexBackend::decode_layer(&layer, &x, fused_cache, &step.cos, &step.sin)
+            let rope = fused_cache.rope_rows(1);
+            let layer_cache = fused_cache.layers_mut().next().expect("one layer");
+            let fused = layer_cache
+                .append_with(|cache| {
+                    FlexBackend::decode_layer(&x, &layer.weights(), layer.shape(), cache, &rope)
+                })
+                .expect("room in the cache")
                 .expect("burn-flex fuses a single-token layer");
-            let (composed_cache, step) = composed;
-            let composed = layer.forward_composed(x, composed_cache, &step);
-            for cache in &mut caches {
+            let layer_cache = composed_cache.layers_mut().next().expect("one layer");
+            let composed = layer
+                .forward_composed(x, layer_cache, &rope)
+                .expect("room in the cache");
+            for cache in [&mut fused_cache, &mut composed_cache] {
                 cache.advance(1);
             }
             let (fused, composed) = (fused.into_data(), composed.into_data());

@@ -7,10 +7,21 @@ use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
-/// `(path, shape)` of every float parameter of `module`, in visiting order. Reads shapes
-/// without initialising lazy parameters.
-pub fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Vec<usize>)> {
-    let mut visitor = ShapeVisitor {
+/// One float parameter of a module.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ParamInfo {
+    /// Record field path, `layers.0.self_attn.q_proj.weight`.
+    pub path: String,
+    pub shape: Vec<usize>,
+    /// The Burn module type it is a field of (`Linear`, `RmsNorm`, `Embedding`), which says
+    /// how it is laid out (a `Linear` weight is `[d_in, d_out]`, PyTorch's transposed).
+    pub owner: String,
+}
+
+/// Every float parameter of `module`, in visiting order. Reads shapes without initialising
+/// lazy parameters.
+pub fn params<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamInfo> {
+    let mut visitor = ParamVisitor {
         path: Vec::new(),
         found: Vec::new(),
     };
@@ -18,14 +29,17 @@ pub fn param_shapes<B: Backend, M: Module<B>>(module: &M) -> Vec<(String, Vec<us
     visitor.found
 }
 
-struct ShapeVisitor {
-    path: Vec<String>,
-    found: Vec<(String, Vec<usize>)>,
+struct ParamVisitor {
+    /// The field names entered so far, each with the type of the struct it is a field of.
+    path: Vec<(String, String)>,
+    found: Vec<ParamInfo>,
 }
 
-impl<B: Backend> ModuleVisitor<B> for ShapeVisitor {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
+impl<B: Backend> ModuleVisitor<B> for ParamVisitor {
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        // Burn names a container `Struct:Linear`, `Vec`, ...
+        let owner = container_type.rsplit(':').next().unwrap_or(container_type);
+        self.path.push((name.to_string(), owner.to_string()));
     }
 
     fn exit_module(&mut self, _name: &str, _container_type: &str) {
@@ -33,7 +47,46 @@ impl<B: Backend> ModuleVisitor<B> for ShapeVisitor {
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        self.found
-            .push((self.path.join("."), param.lazy_shape().to_vec()));
+        let names: Vec<&str> = self.path.iter().map(|(name, _)| name.as_str()).collect();
+        let owner = self.path.last().map(|(_, owner)| owner.clone());
+        self.found.push(ParamInfo {
+            path: names.join("."),
+            shape: param.lazy_shape().to_vec(),
+            owner: owner.unwrap_or_default(),
+        });
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::FlexBackend;
+    use crate::config::LlamaConfig;
+
+    #[test]
+    fn names_each_parameter_with_its_owner() {
+        let config = LlamaConfig {
+            hidden_size: 8,
+            intermediate_size: 16,
+            num_layers: 2,
+            n_heads: 2,
+            n_kv_heads: 1,
+            head_dim: 4,
+            vocab_size: 10,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10_000.0,
+            max_position_embeddings: 16,
+            tie_word_embeddings: false,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+        };
+        let found = params::<FlexBackend, _>(&config.init(&Default::default()));
+        let find = |path: &str| found.iter().find(|p| p.path == path).expect(path).clone();
+        let q = find("layers.1.self_attn.q_proj.weight");
+        assert_eq!((q.shape, q.owner.as_str()), (vec![8, 8], "Linear"));
+        assert_eq!(find("layers.0.input_layernorm.gamma").owner, "RmsNorm");
+        assert_eq!(find("embed_tokens.weight").owner, "Embedding");
+        assert_eq!(find("lm_head.weight").shape, vec![8, 10]);
+        assert_eq!(found.len(), 3 + 2 * 9);
     }
 }

@@ -179,8 +179,8 @@ pub struct TextStream<'a> {
 }
 
 impl TextStream<'_> {
-    /// The text `id` completes, if any.
-    pub fn step(&mut self, id: u32) -> Result<Option<String>, TokenizerError> {
+    /// Adds `id`; returns the text it completes, if any.
+    pub fn push(&mut self, id: u32) -> Result<Option<String>, TokenizerError> {
         self.inner
             .step(id)
             .map_err(|e| TokenizerError::Decode(e.to_string()))

@@ -13,9 +13,9 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use runtime::backend::KernelBackend;
 use runtime::generate::Generator;
-use runtime::kernels::Kernels;
-use runtime::params::param_shapes;
+use runtime::params::params;
 use runtime::sampling::argmax;
 use runtime::{BackendKind, FlexBackend, NdArrayBackend};
 use serde::{Deserialize, Serialize};
@@ -83,7 +83,7 @@ fn tokens(n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919) % 40000 + 100) as u32).collect()
 }
 
-fn measure<B: Kernels>(cli: &Cli, started: Instant) -> Result<Sample> {
+fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
     let generator = Generator::<B>::load(&cli.artifacts, &Default::default())?;
     let load_s = started.elapsed().as_secs_f64();
     // Checked before any measuring, so a depth that cannot run fails at once.
@@ -114,10 +114,10 @@ fn measure<B: Kernels>(cli: &Cli, started: Instant) -> Result<Sample> {
     }
     let tg128 = 128.0 / t.elapsed().as_secs_f64();
     // Decode reads every weight once per token, except the embedding: one row of it.
-    let weight_bytes: usize = param_shapes::<B, _>(&generator.model)
+    let weight_bytes: usize = params::<B, _>(&generator.model)
         .iter()
-        .filter(|(path, _)| path != "embed_tokens.weight")
-        .map(|(_, shape)| shape.iter().product::<usize>() * 4)
+        .filter(|param| param.path != "embed_tokens.weight")
+        .map(|param| param.shape.iter().product::<usize>() * 4)
         .sum();
     // Each layer's keys and values (f32) of every position so far; on average tg128's token
     // sees depth + 64 of them.

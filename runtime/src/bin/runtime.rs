@@ -8,8 +8,8 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use runtime::backend::KernelBackend;
 use runtime::generate::{GenerateOptions, Generation, Generator};
-use runtime::kernels::Kernels;
 use runtime::sampling::SamplingParams;
 use runtime::tokenizer::Tokenizer;
 use runtime::{BackendKind, FlexBackend, NdArrayBackend};
@@ -133,14 +133,14 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
     .context("cannot start the thread pool")?
 }
 
-fn run_on<B: Kernels>(cli: &Cli, started: Instant) -> Result<()> {
+fn run_on<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<()> {
     match &cli.command {
         Some(Command::Perplexity(args)) => perplexity::<B>(args),
         None => generate::<B>(&cli.generate, started),
     }
 }
 
-fn load<B: Kernels>(dir: &Path) -> Result<(Generator<B>, Tokenizer)> {
+fn load<B: KernelBackend>(dir: &Path) -> Result<(Generator<B>, Tokenizer)> {
     let device = Default::default();
     let generator = Generator::<B>::load(dir, &device)?;
     let tokenizer = Tokenizer::from_dir(dir)?;
@@ -158,7 +158,7 @@ fn read_text(path: &Path) -> Result<String> {
     })
 }
 
-fn generate<B: Kernels>(args: &GenerateArgs, started: Instant) -> Result<()> {
+fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<()> {
     let sampling = SamplingParams {
         temperature: args.temperature,
         top_k: args.top_k,
@@ -233,7 +233,7 @@ fn generation_json(g: &Generation, load_s: f64) -> serde_json::Value {
     })
 }
 
-fn perplexity<B: Kernels>(args: &PerplexityArgs) -> Result<()> {
+fn perplexity<B: KernelBackend>(args: &PerplexityArgs) -> Result<()> {
     let text = read_text(&args.file)?;
     let (generator, tokenizer) = load::<B>(&args.common.artifacts)?;
     let mut ids = tokenizer.encode(&text)?;

@@ -12,7 +12,6 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
-use super::Heads;
 use super::simd;
 use super::team;
 
@@ -30,17 +29,43 @@ const SPAN_TILE: usize = 128;
 /// another thread costs more than decoding one token's attention at short context.
 const MIN_PARALLEL_WORK: usize = 1 << 20;
 
+/// How attention's heads are laid out: query head `h` reads key/value head
+/// `h / (n_heads / n_kv_heads)`, as in transformers' `repeat_kv`.
+#[derive(Debug, Clone, Copy)]
+pub struct Heads {
+    pub n_heads: usize,
+    pub n_kv_heads: usize,
+    pub head_dim: usize,
+}
+
+impl Heads {
+    /// Attention's score scale, `1/sqrt(head_dim)`, which RoPE applies to the queries.
+    pub fn score_scale(&self) -> f32 {
+        1.0 / (self.head_dim as f32).sqrt()
+    }
+}
+
 /// A `[batch, rows, width]` f32 matrix inside a larger buffer, rows `row_stride` apart
 /// (the KV cache's visible prefix is such a view of its buffer).
 #[derive(Clone, Copy)]
-pub struct Rows<'a> {
+pub struct Matrix<'a> {
     pub data: &'a [f32],
     pub offset: usize,
     pub batch_stride: usize,
     pub row_stride: usize,
 }
 
-impl<'a> Rows<'a> {
+impl<'a> Matrix<'a> {
+    /// `data` as one batch entry of rows of `width`.
+    pub fn rows_of(data: &'a [f32], width: usize) -> Self {
+        Self {
+            data,
+            offset: 0,
+            batch_stride: data.len(),
+            row_stride: width,
+        }
+    }
+
     /// Index in the buffer of element `column` of row `row` of batch `batch`.
     fn index(&self, batch: usize, row: usize, column: usize) -> usize {
         self.offset + batch * self.batch_stride + row * self.row_stride + column
@@ -70,9 +95,9 @@ impl<'a> Rows<'a> {
 /// `[batch, seq, n_heads * head_dim]`; `keys` and `values` are `[batch, start + seq,
 /// n_kv_heads * head_dim]`, the cache including this call's positions.
 pub struct CausalAttention<'a> {
-    pub queries: Rows<'a>,
-    pub keys: Rows<'a>,
-    pub values: Rows<'a>,
+    pub queries: Matrix<'a>,
+    pub keys: Matrix<'a>,
+    pub values: Matrix<'a>,
     pub batch: usize,
     pub seq: usize,
     /// Position of the first query: keys `0..=start + i` are visible to query `i`.
@@ -124,7 +149,7 @@ impl CausalAttention<'_> {
         SCORES.with_borrow_mut(|scores| {
             scores.resize(rows * visible, 0.0);
             for head in 0..n_heads {
-                self.rows(batch, first, head, scores, &mut out[head * head_dim..]);
+                self.block_head(batch, first, head, scores, &mut out[head * head_dim..]);
             }
         });
     }
@@ -266,7 +291,7 @@ impl CausalAttention<'_> {
     }
 
     /// The block of query rows from `first` and one head, through gemm.
-    fn rows(
+    fn block_head(
         &self,
         batch: usize,
         first: usize,
@@ -320,7 +345,7 @@ impl CausalAttention<'_> {
     }
 
     /// Panics unless the last element every gemm reads lies inside its buffer (the first
-    /// is checked by [`Rows::at`]), so the unchecked reads above stay in bounds.
+    /// is checked by [`Matrix::at`]), so the unchecked reads above stay in bounds.
     fn check_bounds(&self) {
         let Heads {
             n_heads,
@@ -331,7 +356,7 @@ impl CausalAttention<'_> {
         if self.batch == 0 || self.seq == 0 {
             return;
         }
-        let last = |rows: &Rows, n_rows: usize, width: usize| {
+        let last = |rows: &Matrix, n_rows: usize, width: usize| {
             assert!(rows.row_stride >= width);
             let end = rows.offset
                 + (self.batch - 1) * rows.batch_stride

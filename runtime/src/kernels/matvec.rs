@@ -2,18 +2,18 @@
 //!
 //! Decoding one token is a matrix-vector product per weight, bound by how fast the weights
 //! stream from memory. burn-flex runs each on one thread through gemm; here every thread
-//! streams its own contiguous share of each product's rows, worked in steps of four rows,
+//! streams its own contiguous share of each product's rows, worked in bundles of four rows,
 //! one from each quarter of the share, so a thread keeps four sequential streams in flight
-//! (`simd::matvec_steps`). Products that share an input (q, k, v; gate, up) go in one
+//! (`simd::matvec_bundles`). Products that share an input (q, k, v; gate, up) go in one
 //! parallel region, one hand-off instead of three, to threads kept spinning (`team`).
 //!
 //! Equal shares do not finish together on these machines: for a while one core is often a
 //! few percent slower than the other (it takes the interrupts, or the hypervisor takes it),
 //! and the other then waits at the end of each of a token's ~150 products. So a thread done
-//! with its own shares takes steps from the far end of the others', a few at a time: the
+//! with its own shares takes bundles from the far end of the others', a few at a time: the
 //! owner keeps streaming forward, the other works backward from the end, and they meet
-//! wherever their speeds put them. Decode +2-3% when memory is fast (per-token A/B), where
-//! such waits weigh most; level when it is slow.
+//! wherever their speeds put them. It pays most when memory is fast, where such waits weigh
+//! most (docs/BENCHMARKS.md).
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -23,12 +23,12 @@ use super::{simd, team};
 /// Below this many output rows per thread, splitting a product costs more than it saves.
 const MIN_ROWS_PER_THREAD: usize = 64;
 
-/// Steps an owner claims at a time: 64 rows, one compare-and-swap per ~150 KB of weights.
-const OWNER_STEPS: usize = 16;
+/// Bundles an owner claims at a time: 64 rows, one compare-and-swap per ~150 KB of weights.
+const OWNER_BUNDLES: usize = 16;
 
-/// Steps a thread claims at a time from the end of another's share: few, so that neither is
+/// Bundles a thread claims at a time from the end of another's share: few, so that neither is
 /// left computing a long last claim while the other waits.
-const HELPER_STEPS: usize = 4;
+const HELPER_BUNDLES: usize = 4;
 
 /// `out[i][j] = weights[i] row j · x` for each weight: `weights[i]` holds its rows
 /// contiguously (a `[d_in, d_out]` weight stored column-major), all split across the
@@ -62,15 +62,15 @@ pub fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
     }
     team::for_each_chunk(threads, &|own| {
         for share in &shares[own] {
-            while let Some(steps) = share.claim_front(OWNER_STEPS) {
-                simd::matvec_steps(share.rows, x, share.out, steps);
+            while let Some(bundles) = share.claim_front(OWNER_BUNDLES) {
+                simd::matvec_bundles(share.rows, x, share.out, bundles);
             }
         }
         for other in (1..threads).map(|k| (own + k) % threads) {
             // The other's last share first: the farthest from where its owner is working.
             for share in shares[other].iter().rev() {
-                while let Some(steps) = share.claim_back(HELPER_STEPS) {
-                    simd::matvec_steps(share.rows, x, share.out, steps);
+                while let Some(bundles) = share.claim_back(HELPER_BUNDLES) {
+                    simd::matvec_bundles(share.rows, x, share.out, bundles);
                 }
             }
         }
@@ -84,27 +84,27 @@ pub fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
         .collect()
 }
 
-/// One thread's rows of one product, in the steps `simd::matvec_steps` counts, claimed from
+/// One thread's rows of one product, in the bundles `simd::matvec_bundles` counts, claimed from
 /// the front by the owner and from the back by a thread with nothing left of its own.
 struct Share<'a> {
     rows: &'a [f32],
     out: &'a [AtomicU32],
-    /// The steps nobody has claimed, `front..back`, packed as `front << 32 | back` so that one
+    /// The bundles nobody has claimed, `front..back`, packed as `front << 32 | back` so that one
     /// compare-and-swap moves either end and the two can never cross.
     unclaimed: AtomicU64,
 }
 
 impl<'a> Share<'a> {
     fn new(rows: &'a [f32], out: &'a [AtomicU32]) -> Self {
-        let steps = simd::matvec_step_count(out.len());
+        let bundles = simd::matvec_bundle_count(out.len());
         Self {
             rows,
             out,
-            unclaimed: AtomicU64::new(pack(0..steps)),
+            unclaimed: AtomicU64::new(pack(0..bundles)),
         }
     }
 
-    /// Up to `n` steps from the front, if any are left.
+    /// Up to `n` bundles from the front, if any are left.
     fn claim_front(&self, n: usize) -> Option<Range<usize>> {
         self.claim(|left| {
             let end = (left.start + n).min(left.end);
@@ -112,7 +112,7 @@ impl<'a> Share<'a> {
         })
     }
 
-    /// Up to `n` steps from the back, if any are left.
+    /// Up to `n` bundles from the back, if any are left.
     fn claim_back(&self, n: usize) -> Option<Range<usize>> {
         self.claim(|left| {
             let start = left.end.saturating_sub(n).max(left.start);
@@ -120,7 +120,7 @@ impl<'a> Share<'a> {
         })
     }
 
-    /// Splits the unclaimed steps into (claimed, still unclaimed) with `split`, atomically.
+    /// Splits the unclaimed bundles into (claimed, still unclaimed) with `split`, atomically.
     fn claim(
         &self,
         split: impl Fn(Range<usize>) -> (Range<usize>, Range<usize>),
@@ -145,8 +145,8 @@ impl<'a> Share<'a> {
     }
 }
 
-fn pack(steps: Range<usize>) -> u64 {
-    ((steps.start as u64) << 32) | steps.end as u64
+fn pack(bundles: Range<usize>) -> u64 {
+    ((bundles.start as u64) << 32) | bundles.end as u64
 }
 
 fn unpack(packed: u64) -> Range<usize> {
@@ -196,14 +196,14 @@ mod tests {
     fn claims_from_both_ends_meet_without_overlap() {
         let out: Vec<AtomicU32> = (0..4 * 10 + 3).map(|_| AtomicU32::new(0)).collect();
         let share = Share::new(&[], &out);
-        let mut taken = vec![0; simd::matvec_step_count(out.len())];
+        let mut taken = vec![0; simd::matvec_bundle_count(out.len())];
         let mut front = true;
-        while let Some(steps) = if front {
+        while let Some(bundles) = if front {
             share.claim_front(3)
         } else {
             share.claim_back(2)
         } {
-            steps.for_each(|s| taken[s] += 1);
+            bundles.for_each(|s| taken[s] += 1);
             front = !front;
         }
         assert!(taken.iter().all(|&t| t == 1), "{taken:?}");

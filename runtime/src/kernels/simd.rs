@@ -119,33 +119,33 @@ multiversioned! {
     }
 }
 
-/// Steps of [`matvec_steps`] in a product of `rows` output rows: one per four rows, and one
-/// per row left over.
-pub fn matvec_step_count(rows: usize) -> usize {
+/// Bundles in a product of `rows` output rows, the unit [`matvec_bundles`] works in: one
+/// per four rows, and one per row left over.
+pub fn matvec_bundle_count(rows: usize) -> usize {
     rows / 4 + rows % 4
 }
 
 multiversioned! {
     /// Part of a matrix-vector product over rows, `out[j] = weight row j · x`, where `weight`
     /// holds `out.len()` rows of `x.len()` (a `[d_in, d_out]` weight stored column-major):
-    /// the rows of `steps`. With `q = out.len() / 4`, step `s < q` is the rows `s`, `q + s`,
-    /// `2q + s` and `3q + s`, and step `q + i` the leftover row `4q + i`.
+    /// the rows of `bundles`. With `q = out.len() / 4`, bundle `s < q` is the rows `s`, `q + s`,
+    /// `2q + s` and `3q + s`, and bundle `q + i` the leftover row `4q + i`.
     ///
     /// Four rows at a time, so each load of `x` feeds four multiply-adds, and the four are
     /// taken from the four quarters of the matrix: four sequential streams far apart keep
-    /// more reads in flight than four neighbouring rows do (10% faster on one core here).
+    /// more reads in flight than four neighbouring rows do (docs/BENCHMARKS.md).
     /// `out` is atomic so that threads can share a product's rows (`matvec`); the stores are
     /// relaxed, plain stores on x86.
-    pub fn matvec_steps(
+    pub fn matvec_bundles(
         weight: &[f32],
         x: &[f32],
         out: &[AtomicU32],
-        steps: Range<usize>,
+        bundles: Range<usize>,
     ) {
         let d_in = x.len();
         let quarter = out.len() / 4;
-        let quartered = steps.start.min(quarter)..steps.end.min(quarter);
-        let leftover = steps.start.max(quarter)..steps.end;
+        let quartered = bundles.start.min(quarter)..bundles.end.min(quarter);
+        let leftover = bundles.start.max(quarter)..bundles.end;
         let stream = |k: usize| {
             &weight[(k * quarter + quartered.start) * d_in..][..quartered.len() * d_in]
         };
@@ -172,7 +172,7 @@ multiversioned! {
                 }
             }
         }
-        // Leftover step s is row 4q + (s - q).
+        // Leftover bundle s is row 4q + (s - q).
         for row in leftover.start + 3 * quarter..leftover.end + 3 * quarter {
             let value = dot(&weight[row * d_in..][..d_in], x);
             out[row].store(value.to_bits(), Ordering::Relaxed);
@@ -378,9 +378,9 @@ mod tests {
         let weight: Vec<f32> = (0..d_in * d_out).map(|i| (i % 13) as f32 - 6.0).collect();
         let x: Vec<f32> = (0..d_in).map(|i| i as f32 * 0.5).collect();
         let out: Vec<AtomicU32> = (0..d_out).map(|_| AtomicU32::new(0)).collect();
-        let steps = matvec_step_count(d_out);
-        matvec_steps(&weight, &x, &out, 0..steps / 2);
-        matvec_steps(&weight, &x, &out, steps / 2..steps);
+        let bundles = matvec_bundle_count(d_out);
+        matvec_bundles(&weight, &x, &out, 0..bundles / 2);
+        matvec_bundles(&weight, &x, &out, bundles / 2..bundles);
         for (row, got) in weight.chunks(d_in).zip(&out) {
             let want: f32 = row.iter().zip(&x).map(|(w, x)| w * x).sum();
             assert_eq!(

@@ -1,11 +1,11 @@
 //! Spinning threads for the many short parallel regions of one decoded token.
 //!
-//! Decoding a token runs ~150 parallel regions of 2-1000 µs (matrix-vector products,
-//! attention), with single-threaded work (norms, RoPE, residuals) between them. Between two
+//! Decoding a token runs a parallel region per product and per layer's attention, most of
+//! them short, with single-threaded work (norms, RoPE, residuals) between them. Between two
 //! regions rayon's idle worker goes to sleep, and waking it (a futex, and on a VM an
 //! interrupt to a halted vCPU) costs a good part of a short region: the caller does its
-//! share, then waits for the other. A team keeps the pool's other threads spinning for the length of one token, as
-//! llama.cpp's thread pool does for a graph, so each region starts on every thread at once.
+//! share, then waits for the other. A team keeps the pool's other threads spinning for the
+//! length of one token, as llama.cpp's thread pool does for a graph, so each region starts on every thread at once.
 //!
 //! A region's work is a number of chunks claimed from a shared counter, so a region never
 //! waits for a helper that has not arrived yet: whoever is there takes the chunks.

@@ -1,0 +1,64 @@
+//! What a manifest records of files: sha256 digests, and the tokenizer probe.
+
+use std::io::Read;
+use std::path::Path;
+
+use anyhow::{Context, Result};
+use runtime::artifact::{FileDigest, Probe};
+use runtime::tokenizer::{Tokenizer, TokenizerError};
+use sha2::{Digest, Sha256};
+
+/// The text of the manifest's tokenizer probe: it touches the tricky parts (digits split
+/// one by one, CJK, emoji, code, a special token).
+pub const PROBE_TEXT: &str =
+    "Hello, world! 12345 日本語 🦀 fn main() { println!(\"hi\"); } <|im_start|>user";
+
+/// Tokenizes `text` with the tokenizer files in `dir`, exactly as the runtime encodes a
+/// prompt.
+pub fn probe(dir: &Path, text: &str) -> Result<Probe, TokenizerError> {
+    Ok(Probe {
+        text: text.to_string(),
+        token_ids: Tokenizer::from_dir(dir)?.encode(text)?,
+    })
+}
+
+/// sha256 (lower-case hex) and size of a file, read in 1 MiB chunks.
+pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
+    let mut file = std::fs::File::open(path)?;
+    let mut hasher = Sha256::new();
+    let mut buf = vec![0u8; 1 << 20];
+    let mut bytes = 0u64;
+    loop {
+        let n = file.read(&mut buf)?;
+        if n == 0 {
+            break;
+        }
+        hasher.update(&buf[..n]);
+        bytes += n as u64;
+    }
+    Ok((hex(&hasher.finalize()), bytes))
+}
+
+/// Lower-case hex of `bytes`.
+pub fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// sha256 and size of each named file in `dir`, sorted by name.
+pub fn digests(dir: &Path, names: impl Iterator<Item = String>) -> Result<Vec<FileDigest>> {
+    let mut names: Vec<String> = names.collect();
+    names.sort();
+    names
+        .into_iter()
+        .map(|name| {
+            let path = dir.join(&name);
+            let (sha256, bytes) =
+                digest_file(&path).with_context(|| format!("cannot read {}", path.display()))?;
+            Ok(FileDigest {
+                name,
+                sha256,
+                bytes,
+            })
+        })
+        .collect()
+}

@@ -1,0 +1,48 @@
+//! `converter verify`: an artifact (and its source checkpoint) against its manifest.
+
+use std::path::Path;
+
+use anyhow::Result;
+use runtime::artifact::{FileDigest, Manifest, TOKENIZER_FILE};
+
+use crate::digest::{digest_file, probe};
+
+/// Differences between the artifact in `out` (and, if given, the checkpoint in `src`) and
+/// the manifest, one line each; empty when everything matches.
+pub fn verify(out: &Path, src: Option<&Path>) -> Result<Vec<String>> {
+    let manifest = Manifest::read(out)?;
+    let mut problems = Vec::new();
+    let mut check = |dir: &Path, expected: &[FileDigest], what: &str| {
+        for file in expected {
+            let path = dir.join(&file.name);
+            match digest_file(&path) {
+                Err(e) => problems.push(format!("{what} {}: {e}", path.display())),
+                Ok((sha, bytes)) if sha != file.sha256 || bytes != file.bytes => {
+                    problems.push(format!(
+                        "{what} {}: sha256 {sha} ({bytes} bytes), manifest says {} ({} bytes)",
+                        path.display(),
+                        file.sha256,
+                        file.bytes
+                    ))
+                }
+                Ok(_) => {}
+            }
+        }
+    };
+    check(out, &manifest.files, "artifact");
+    if let Some(src) = src {
+        check(src, &manifest.source, "source");
+    }
+    let tokenizer = out.join(TOKENIZER_FILE);
+    match probe(out, &manifest.probe.text) {
+        Ok(probe) if probe.token_ids != manifest.probe.token_ids => problems.push(format!(
+            "{}: probe text tokenizes to {:?}, manifest says {:?}",
+            tokenizer.display(),
+            probe.token_ids,
+            manifest.probe.token_ids
+        )),
+        Ok(_) => {}
+        Err(e) => problems.push(format!("tokenizer probe: {e}")),
+    }
+    Ok(problems)
+}

@@ -1,0 +1,407 @@
+//! burn-flex's overrides: each operation on the tensors' own buffers, through the slice
+//! kernels of [`crate::kernels`].
+//!
+//! Why: composed from Burn ops, a prefill spent much of its time outside the matrix
+//! products. Attention materialised every head's full score matrix (half of it masked),
+//! exponentiated all of it with scalar libm calls on one thread, and copied queries, keys,
+//! values and the output between token-major and head-major layouts; SiLU and RMSNorm were
+//! chains of scalar single-threaded passes. Decoding, a matrix-vector product per weight,
+//! ran each product on one thread through gemm. docs/BENCHMARKS.md has what each bought.
+
+use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use burn_flex::FlexTensor;
+use rayon::prelude::*;
+
+use super::{Heads, KernelBackend, KvBuffers, LayerShape, LayerTensors, reference, take};
+use crate::FlexBackend;
+use crate::kernels::attention::{CausalAttention, Matrix};
+use crate::kernels::layer::{self, KvSlot};
+use crate::kernels::{matvec, simd, team};
+use crate::rope::RopeRows;
+
+impl KernelBackend for FlexBackend {
+    /// Keeps the pool's other threads spinning for the token: see `kernels::team`.
+    fn decode_token<R>(work: impl FnOnce() -> R) -> R {
+        team::with_team(work)
+    }
+
+    /// See `kernels::layer`: the layer's small operations between its products without Burn
+    /// ops' set-up. Needs every projection stored column-major (`Llama::with_matvec_layout`).
+    fn decode_layer(
+        x: &Tensor<Self, 3>,
+        weights: &LayerTensors<Self>,
+        shape: LayerShape,
+        cache: KvBuffers<'_, Self>,
+        rope: &RopeRows<Self>,
+    ) -> Option<Tensor<Self, 3>> {
+        let [1, 1, _] = x.dims() else {
+            return None;
+        };
+        let [1, _, _] = cache.keys.dims() else {
+            return None;
+        };
+        let weights = weights.try_map(
+            |gamma| Some(flex(gamma.clone()).to_contiguous()),
+            |weight| {
+                let weight = flex(weight.clone());
+                matvec_rows(&weight).is_some().then_some(weight)
+            },
+        )?;
+        let slices = weights.try_map(|gamma| Some(gamma.storage()), matvec_rows)?;
+        let (cos, sin) = (contiguous(&rope.cos), contiguous(&rope.sin));
+        let KvBuffers {
+            keys,
+            values,
+            position,
+        } = cache;
+        // Owned, contiguous (the cache allocates them so) and not shared: written in place.
+        let (mut key_buffer, mut value_buffer) = (
+            flex(take(keys)).to_contiguous(),
+            flex(take(values)).to_contiguous(),
+        );
+        let mut out = flex(x.clone()).to_contiguous();
+        layer::decode_layer(
+            out.storage_mut(),
+            &slices,
+            shape,
+            KvSlot {
+                keys: key_buffer.storage_mut(),
+                values: value_buffer.storage_mut(),
+                position,
+            },
+            cos.storage(),
+            sin.storage(),
+        );
+        *keys = from_flex(key_buffer);
+        *values = from_flex(value_buffer);
+        Some(from_flex(out))
+    }
+
+    fn causal_attention(
+        queries: Tensor<Self, 3>,
+        keys: Tensor<Self, 3>,
+        values: Tensor<Self, 3>,
+        heads: Heads,
+    ) -> Tensor<Self, 3> {
+        let [batch, seq, width] = queries.dims();
+        let total = keys.dims()[1];
+        let (queries, keys, values) = (row_major(queries), row_major(keys), row_major(values));
+        let view = |t| matrix(t).expect("row_major gives contiguous rows");
+        let out = CausalAttention {
+            queries: view(&queries),
+            keys: view(&keys),
+            values: view(&values),
+            batch,
+            seq,
+            start: total - seq,
+            heads,
+        }
+        .run();
+        from_values(out, [batch, seq, width])
+    }
+
+    fn silu_mul(gate: Tensor<Self, 3>, up: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        assert_eq!(
+            gate.dims(),
+            up.dims(),
+            "silu_mul: gate and up shapes differ"
+        );
+        let up = flex(up).to_contiguous();
+        let up: &[f32] = up.storage();
+        // In place when the gate projection's output is not shared (it never is here).
+        let mut gate = flex(gate).to_contiguous();
+        let out: &mut [f32] = gate.storage_mut();
+        const CHUNK: usize = 1 << 14;
+        if out.len() <= CHUNK {
+            simd::silu_mul(out, up);
+        } else {
+            out.par_chunks_mut(CHUNK)
+                .zip(up.par_chunks(CHUNK))
+                .for_each(|(g, u)| simd::silu_mul(g, u));
+        }
+        from_flex(gate)
+    }
+
+    /// One pass per row instead of Burn's six tensor ops (square, mean, add, sqrt, divide,
+    /// scale), 61 times per decoded token.
+    fn rms_norm(x: Tensor<Self, 3>, gamma: Tensor<Self, 1>, epsilon: f64) -> Tensor<Self, 3> {
+        let [batch, seq, width] = x.dims();
+        let gamma = flex(gamma).to_contiguous();
+        let gamma: &[f32] = gamma.storage();
+        assert_eq!(
+            gamma.len(),
+            width,
+            "rms_norm: gamma and rows differ in width"
+        );
+        let x = flex(x).to_contiguous();
+        let x: &[f32] = x.storage();
+        let mut out = vec![0.0f32; x.len()];
+        let epsilon = epsilon as f32;
+        const ROWS: usize = 32;
+        if batch * seq <= ROWS {
+            simd::rms_norm_rows(x, gamma, epsilon, &mut out);
+        } else {
+            out.par_chunks_mut(ROWS * width)
+                .zip(x.par_chunks(ROWS * width))
+                .for_each(|(out, x)| simd::rms_norm_rows(x, gamma, epsilon, out));
+        }
+        from_values(out, [batch, seq, width])
+    }
+
+    /// One pass instead of Burn's five ops (a ±1 matmul for `rotate_half`, two products, a
+    /// sum, the scale), twice per layer.
+    fn rotary(x: Tensor<Self, 3>, rope: &RopeRows<Self>, scale: f32) -> Tensor<Self, 3> {
+        let [_, seq, width] = x.dims();
+        let [_, head_dim] = rope.cos.dims();
+        for table in [&rope.cos, &rope.sin] {
+            assert_eq!(
+                table.dims(),
+                [seq, head_dim],
+                "rotary: a table is not [seq, head_dim]"
+            );
+        }
+        assert!(
+            head_dim % 2 == 0 && width % head_dim == 0,
+            "rotary: {width} columns are not whole heads of {head_dim}"
+        );
+        let (cos, sin) = (contiguous(&rope.cos), contiguous(&rope.sin));
+        let (cos, sin): (&[f32], &[f32]) = (cos.storage(), sin.storage());
+        // In place when the projection's output is not shared (it never is here).
+        let mut x = flex(x).to_contiguous();
+        let rows: &mut [f32] = x.storage_mut();
+        // Row i of x is position i % seq: the tables' rows repeat for every batch entry.
+        let tables = cos
+            .chunks_exact(head_dim)
+            .zip(sin.chunks_exact(head_dim))
+            .cycle();
+        for (row, (cos, sin)) in rows.chunks_exact_mut(width).zip(tables) {
+            simd::rotary_heads(row, cos, sin, scale);
+        }
+        from_flex(x)
+    }
+
+    /// In place, when this is the buffer's only handle (the KV cache's is). burn-flex 0.21's
+    /// `slice_assign` copies the whole destination on every call even then
+    /// (tracel-ai/burn#5575, fixed after 0.21): every layer's whole cache, every token.
+    fn write_rows(buffer: &mut Tensor<Self, 3>, start: usize, rows: Tensor<Self, 3>) {
+        let [batch, capacity, width] = buffer.dims();
+        let [_, seq, _] = rows.dims();
+        assert_eq!(
+            rows.dims(),
+            [batch, seq, width],
+            "write_rows: rows and buffer differ"
+        );
+        assert!(
+            start + seq <= capacity,
+            "write_rows: {} rows past {capacity}",
+            start + seq
+        );
+        let mut owned = flex(take(buffer));
+        if !owned.is_contiguous() || owned.layout().start_offset() != 0 {
+            *buffer = reference::write_rows(from_flex(owned), start, rows);
+            return;
+        }
+        let rows = flex(rows).to_contiguous();
+        let rows: &[f32] = rows.storage();
+        let dst: &mut [f32] = owned.storage_mut(); // copies only if the storage is shared
+        for (b, rows) in rows.chunks_exact(seq * width).enumerate() {
+            let at = (b * capacity + start) * width;
+            dst[at..at + rows.len()].copy_from_slice(rows);
+        }
+        *buffer = from_flex(owned);
+    }
+
+    fn linear_forward<const N: usize>(
+        x: Tensor<Self, 3>,
+        weights: [Tensor<Self, 2>; N],
+    ) -> [Tensor<Self, 3>; N] {
+        let [batch, seq, _] = x.dims();
+        let weights = weights.map(|weight| weight.into_primitive().tensor());
+        let rows: Option<Vec<&[f32]>> = weights.iter().map(matvec_rows).collect();
+        if let (1, Some(rows)) = (batch * seq, rows) {
+            let x = flex(x).to_contiguous();
+            let mut outs = matvec::matvecs(&rows, x.storage()).into_iter().map(|out| {
+                let d_out = out.len();
+                from_values(out, [1, 1, d_out])
+            });
+            return std::array::from_fn(|_| outs.next().expect("one output per weight"));
+        }
+        weights.map(|weight| {
+            reference::linear(
+                x.clone(),
+                Tensor::from_primitive(TensorPrimitive::Float(weight)),
+            )
+        })
+    }
+}
+
+/// The weight `[d_in, d_out]` as `d_out` contiguous rows of `d_in`, the layout the
+/// matrix-vector kernel reads, if it is stored column-major (`Llama::with_matvec_layout`).
+fn matvec_rows(weight: &FlexTensor) -> Option<&[f32]> {
+    let layout = weight.layout();
+    let shape = layout.shape();
+    if shape.num_dims() != 2 {
+        return None;
+    }
+    let (d_in, d_out) = (shape[0], shape[1]);
+    if *layout.strides() != [1, d_in as isize] {
+        return None;
+    }
+    let start = layout.start_offset();
+    weight.storage().get(start..start + d_in * d_out)
+}
+
+fn flex<const D: usize>(tensor: Tensor<FlexBackend, D>) -> FlexTensor {
+    tensor.into_primitive().tensor()
+}
+
+fn contiguous<const D: usize>(tensor: &Tensor<FlexBackend, D>) -> FlexTensor {
+    flex(tensor.clone()).to_contiguous()
+}
+
+fn from_flex(tensor: FlexTensor) -> Tensor<FlexBackend, 3> {
+    Tensor::from_primitive(TensorPrimitive::Float(tensor))
+}
+
+/// A kernel's output buffer as a burn-flex tensor, without copying it.
+fn from_values(values: Vec<f32>, shape: [usize; 3]) -> Tensor<FlexBackend, 3> {
+    from_flex(FlexTensor::from_data(TensorData::new(values, shape)))
+}
+
+/// `tensor` as a burn-flex tensor whose rows are contiguous: as it is when they already are
+/// (a slice of the KV cache's buffer is), else a contiguous copy.
+fn row_major(tensor: Tensor<FlexBackend, 3>) -> FlexTensor {
+    let tensor = flex(tensor);
+    if matrix(&tensor).is_some() {
+        tensor
+    } else {
+        tensor.to_contiguous()
+    }
+}
+
+/// A `[batch, rows, width]` burn-flex tensor as a view of its buffer, if its rows are
+/// contiguous.
+fn matrix(tensor: &FlexTensor) -> Option<Matrix<'_>> {
+    let layout = tensor.layout();
+    match *layout.strides() {
+        [batch_stride, row_stride, 1] if batch_stride >= 0 && row_stride >= 0 => Some(Matrix {
+            data: tensor.storage(),
+            offset: layout.start_offset(),
+            batch_stride: batch_stride as usize,
+            row_stride: row_stride as usize,
+        }),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use burn::tensor::Distribution;
+
+    fn random(shape: [usize; 3]) -> Tensor<FlexBackend, 3> {
+        Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+    }
+
+    fn assert_close(fused: Tensor<FlexBackend, 3>, reference: Tensor<FlexBackend, 3>) {
+        assert_eq!(fused.dims(), reference.dims());
+        let diff: f32 = (fused - reference.clone()).abs().max().into_scalar();
+        let scale: f32 = reference.abs().max().into_scalar();
+        assert!(diff <= 1e-5 * scale.max(1.0), "max difference {diff}");
+    }
+
+    /// The fused kernel against the tensor-op definition: prefill from empty, a chunk after
+    /// cached positions (the mask's offset), batch 2, rows not a multiple of the block,
+    /// keys/values that are a prefix view of a larger buffer, and decoded tokens: the first
+    /// (one key), keys split across threads, more keys than one tile, batch 2.
+    #[test]
+    fn fused_attention_matches_the_reference() {
+        let heads = Heads {
+            n_heads: 6,
+            n_kv_heads: 2,
+            head_dim: 16,
+        };
+        for (batch, start, seq) in [
+            (1, 0, 150),
+            (1, 37, 70),
+            (2, 5, 66),
+            (1, 0, 1),
+            (1, 200, 1),
+            (1, 300, 1),
+            (2, 40, 1),
+        ] {
+            let total = start + seq;
+            let queries = random([batch, seq, 6 * 16]) * 0.25;
+            let cache = |t: Tensor<FlexBackend, 3>| t.narrow(1, 0, total);
+            let keys = cache(random([batch, total + 9, 2 * 16]));
+            let values = cache(random([batch, total + 9, 2 * 16]));
+            let reference =
+                reference::attention(queries.clone(), keys.clone(), values.clone(), heads);
+            let fused = FlexBackend::causal_attention(queries, keys, values, heads);
+            assert_close(fused, reference);
+        }
+    }
+
+    /// Writes what `slice_assign` writes, into the buffer it was given (no copy of it).
+    #[test]
+    fn write_rows_matches_the_reference_in_place() {
+        let buffer = random([2, 10, 8]);
+        let rows = random([2, 3, 8]);
+        let reference = reference::write_rows(buffer.clone(), 4, rows.clone());
+        let address = |t: &Tensor<FlexBackend, 3>| {
+            let tensor = flex(t.clone());
+            let storage: &[f32] = tensor.storage();
+            storage.as_ptr()
+        };
+        let mut buffer = buffer + 0.0; // a fresh buffer with one handle, as the cache's is
+        let before = address(&buffer);
+        FlexBackend::write_rows(&mut buffer, 4, rows);
+        assert_eq!(address(&buffer), before, "the buffer was copied");
+        assert_close(buffer, reference);
+    }
+
+    #[test]
+    fn fused_rotary_matches_the_reference() {
+        let table =
+            |shape| Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default());
+        for (batch, seq, scale) in [(1, 1, 0.125), (2, 5, 1.0)] {
+            let x = random([batch, seq, 3 * 8]);
+            let rope = RopeRows {
+                cos: table([seq, 8]),
+                sin: table([seq, 8]),
+            };
+            let reference = reference::rotary(x.clone(), &rope, scale);
+            assert_close(FlexBackend::rotary(x, &rope, scale), reference);
+        }
+    }
+
+    /// The fused norm against burn-nn's `RmsNorm`, and the reference (ndarray's path) equal
+    /// to it to the bit.
+    #[test]
+    fn fused_rms_norm_matches_the_reference() {
+        let norm = burn::nn::RmsNormConfig::new(40)
+            .with_epsilon(1e-5)
+            .init::<FlexBackend>(&Default::default());
+        let norm = burn::nn::RmsNorm {
+            gamma: norm.gamma.map(|_| random([1, 1, 40]).reshape([40])),
+            ..norm
+        };
+        for rows in [1, 100] {
+            let x = random([1, rows, 40]) * 3.0;
+            let burn_nn = norm.forward(x.clone());
+            let reference = reference::rms_norm(x.clone(), norm.gamma.val(), norm.epsilon);
+            assert_eq!(reference.into_data(), burn_nn.clone().into_data());
+            let fused = FlexBackend::rms_norm(x, norm.gamma.val(), norm.epsilon);
+            assert_close(fused, burn_nn);
+        }
+    }
+
+    #[test]
+    fn fused_silu_mul_matches_the_reference() {
+        for len in [10, 1 << 15] {
+            let (gate, up) = (random([1, 2, len]) * 4.0, random([1, 2, len]));
+            let reference = reference::silu_mul(gate.clone(), up.clone());
+            assert_close(FlexBackend::silu_mul(gate, up), reference);
+        }
+    }
+}

@@ -1,0 +1,109 @@
+//! The bridge between the model and the kernels: the operations the model runs, as a trait
+//! on Burn backends, the way Burn extends a backend with custom kernels
+//! (`examples/custom-*-kernel`). Each method takes tensors and has a default composed of
+//! ordinary tensor ops ([`reference`]); burn-flex overrides them with the slice kernels of
+//! [`crate::kernels`] ([`flex`]). burn-ndarray, kept for comparison, uses the defaults, which
+//! are also what the tests hold the kernels to.
+
+mod flex;
+pub mod reference;
+
+use burn::tensor::Tensor;
+use burn::tensor::backend::Backend;
+
+use crate::NdArrayBackend;
+pub use crate::kernels::attention::Heads;
+pub use crate::kernels::layer::{LayerShape, LayerWeights};
+use crate::rope::RopeRows;
+
+/// A decoder layer's tensors: norm weights `[hidden]`, projections `[d_in, d_out]`.
+pub type LayerTensors<B> = LayerWeights<Tensor<B, 1>, Tensor<B, 2>>;
+
+/// One layer's key and value buffers, `[batch, capacity, n_kv_heads * head_dim]` each, and
+/// the position a token goes to.
+pub struct KvBuffers<'a, B: Backend> {
+    pub keys: &'a mut Tensor<B, 3>,
+    pub values: &'a mut Tensor<B, 3>,
+    pub position: usize,
+}
+
+/// The model's operations on a backend.
+pub trait KernelBackend: Backend {
+    /// Causal grouped-query attention.
+    ///
+    /// # Shapes
+    /// - queries: `[batch, seq, n_heads * head_dim]`, rotated and scaled by `1/sqrt(head_dim)`
+    /// - keys, values: `[batch, start + seq, n_kv_heads * head_dim]`, positions `0..start`
+    ///   from the cache followed by this call's
+    /// - output: `[batch, seq, n_heads * head_dim]`; query `i` attends to keys `0..=start + i`
+    fn causal_attention(
+        queries: Tensor<Self, 3>,
+        keys: Tensor<Self, 3>,
+        values: Tensor<Self, 3>,
+        heads: Heads,
+    ) -> Tensor<Self, 3> {
+        reference::attention(queries, keys, values, heads)
+    }
+
+    /// SwiGLU's gating: `silu(gate) * up`, element-wise.
+    fn silu_mul(gate: Tensor<Self, 3>, up: Tensor<Self, 3>) -> Tensor<Self, 3> {
+        reference::silu_mul(gate, up)
+    }
+
+    /// RMSNorm of each row of `x: [batch, seq, hidden]` with weight `gamma: [hidden]`.
+    fn rms_norm(x: Tensor<Self, 3>, gamma: Tensor<Self, 1>, epsilon: f64) -> Tensor<Self, 3> {
+        reference::rms_norm(x, gamma, epsilon)
+    }
+
+    /// Bias-free linear layers of one input: `x: [batch, seq, d_in]` times each
+    /// `weights[i]: [d_in, d_out_i]`. Taking the layers that share an input together (q, k,
+    /// v; gate, up) lets a backend split all their work across threads in one go.
+    fn linear_forward<const N: usize>(
+        x: Tensor<Self, 3>,
+        weights: [Tensor<Self, 2>; N],
+    ) -> [Tensor<Self, 3>; N] {
+        weights.map(|weight| reference::linear(x.clone(), weight))
+    }
+
+    /// Rotary position embedding in transformers' `rotate_half` layout, then a scale:
+    /// `(x * cos + rotate_half(x) * sin) * scale` for every head of
+    /// `x: [batch, seq, heads * head_dim]`, with the tables' rows for these positions.
+    /// Queries take attention's `1/sqrt(head_dim)` here.
+    fn rotary(x: Tensor<Self, 3>, rope: &RopeRows<Self>, scale: f32) -> Tensor<Self, 3> {
+        reference::rotary(x, rope, scale)
+    }
+
+    /// Writes `rows: [batch, seq, width]` over positions `start..start + seq` of
+    /// `buffer: [batch, capacity, width]`: how the KV cache appends.
+    fn write_rows(buffer: &mut Tensor<Self, 3>, start: usize, rows: Tensor<Self, 3>) {
+        *buffer = reference::write_rows(take(buffer), start, rows);
+    }
+
+    /// One layer's forward pass for one token, `x: [1, 1, hidden]`, as one fused kernel
+    /// that also writes the token's key and value into `cache`, if the backend has one for
+    /// these inputs. `None`: nothing was written, and the model runs the composed ops.
+    fn decode_layer(
+        _x: &Tensor<Self, 3>,
+        _weights: &LayerTensors<Self>,
+        _shape: LayerShape,
+        _cache: KvBuffers<'_, Self>,
+        _rope: &RopeRows<Self>,
+    ) -> Option<Tensor<Self, 3>> {
+        None
+    }
+
+    /// Runs `work`, the forward pass of one decoded token: a burst of short parallel
+    /// regions that a backend may want to run on threads kept ready.
+    fn decode_token<R>(work: impl FnOnce() -> R) -> R {
+        work()
+    }
+}
+
+impl KernelBackend for NdArrayBackend {}
+
+/// Takes a tensor out of `slot`, leaving an empty one, so a kernel can own (and so write
+/// in place) a buffer it was lent.
+fn take<B: Backend>(slot: &mut Tensor<B, 3>) -> Tensor<B, 3> {
+    let empty = Tensor::empty([0, 0, 0], &slot.device());
+    std::mem::replace(slot, empty)
+}

@@ -274,4 +274,35 @@ mod tests {
             assert!(resolve(v).is_err(), "{key} = {value} accepted");
         }
     }
+
+    /// Each feature this runtime does not implement is refused by name, not run wrong.
+    #[test]
+    fn refuses_unsupported_features_by_name() {
+        for (key, value, named) in [
+            (
+                "rope_scaling",
+                serde_json::json!({"rope_type": "llama3", "factor": 8.0}),
+                "rope_scaling",
+            ),
+            ("attention_bias", serde_json::json!(true), "attention_bias"),
+            ("mlp_bias", serde_json::json!(true), "mlp_bias"),
+            ("hidden_act", serde_json::json!("gelu"), "gelu"),
+            (
+                "rope_parameters",
+                serde_json::json!({"rope_theta": 500000.0, "rope_type": "llama3"}),
+                "llama3",
+            ),
+        ] {
+            let mut v = smollm();
+            v[key] = value;
+            let err = resolve(v).unwrap_err().to_string();
+            assert!(err.contains(named), "{key}: {err}");
+        }
+        // The neutral values of the same keys are accepted.
+        let mut v = smollm();
+        v["rope_scaling"] = serde_json::Value::Null;
+        v["attention_bias"] = false.into();
+        v["rope_parameters"] = serde_json::json!({"rope_theta": 100000.0, "rope_type": "default"});
+        resolve(v).unwrap();
+    }
 }

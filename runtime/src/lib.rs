@@ -45,6 +45,9 @@ pub mod rope;
 pub mod sampling;
 pub mod tokenizer;
 
+#[cfg(test)]
+mod testing;
+
 /// The default CPU backend: burn-flex (gemm-based), with this crate's fused kernels.
 pub type FlexBackend = burn_flex::Flex<f32>;
 /// The legacy CPU backend, kept selectable for comparison.

@@ -331,11 +331,13 @@ impl<B: Backend> ModuleMapper<B> for ColumnMajor {
 mod tests {
     use super::*;
     use crate::FlexBackend;
-    use burn::tensor::Distribution;
+    use crate::kernels::team;
+    use crate::testing::{Randomize, normal};
 
     /// burn-flex's fused single-token layer (`KernelBackend::decode_layer`) gives exactly
     /// what the layer's ops give, token after token, with keys split across threads once
-    /// there are enough of them and projections both split and not.
+    /// there are enough of them and projections both split and not: at 1, 2, 3 and 5
+    /// threads, inside a thread team as `Llama::decode` runs it.
     #[test]
     fn fused_decode_layer_equals_the_composed_ops() {
         let config = LlamaConfig {
@@ -348,53 +350,53 @@ mod tests {
             vocab_size: 10,
             rms_norm_eps: 1e-5,
             rope_theta: 10_000.0,
-            max_position_embeddings: 64,
+            max_position_embeddings: 96,
             tie_word_embeddings: false,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
         };
         let device = Default::default();
-        let random_gamma = |norm: RmsNorm<FlexBackend>| RmsNorm {
-            gamma: norm
-                .gamma
-                .map(|g| Tensor::random(g.dims(), Distribution::Uniform(0.5, 1.5), &device)),
-            ..norm
-        };
         let model = config
             .init::<FlexBackend>(&device)
+            .map(&mut Randomize(7))
             .with_matvec_layout(false);
         let layer = model.layers.into_iter().next().expect("one layer");
-        let layer = DecoderLayer {
-            input_layernorm: random_gamma(layer.input_layernorm),
-            post_attention_layernorm: random_gamma(layer.post_attention_layernorm),
-            ..layer
-        };
-        let positions = 40;
-        let [mut fused_cache, mut composed_cache] =
-            [(); 2].map(|_| KvCache::new(&config, 1, positions, &device));
-        for position in 0..positions {
-            let x = Tensor::<FlexBackend, 3>::random(
-                [1, 1, 64],
-                Distribution::Normal(0.0, 1.0),
-                &device,
-            );
-            let rope = fused_cache.rope_rows(1);
-            let layer_cache = fused_cache.layers_mut().next().expect("one layer");
-            let fused = layer_cache
-                .append_with(|cache| {
-                    FlexBackend::decode_layer(&x, &layer.weights(), layer.shape(), cache, &rope)
+        let positions = 90;
+        for threads in [1, 2, 3, 5] {
+            let [mut fused_cache, mut composed_cache] =
+                [(); 2].map(|_| KvCache::new(&config, 1, positions, &device));
+            for position in 0..positions {
+                let x = normal::<FlexBackend, 3>([1, 1, 64], position as u64);
+                let rope = fused_cache.rope_rows(1);
+                let fused_layer_cache = fused_cache.layers_mut().next().expect("one layer");
+                let composed_layer_cache = composed_cache.layers_mut().next().expect("one layer");
+                // Both in the same pool: decode attention splits keys by the thread count.
+                let (fused, composed) = crate::in_thread_pool(Some(threads), || {
+                    team::with_team(|| {
+                        let fused = fused_layer_cache.append_with(|cache| {
+                            FlexBackend::decode_layer(
+                                &x,
+                                &layer.weights(),
+                                layer.shape(),
+                                cache,
+                                &rope,
+                            )
+                        });
+                        let composed = layer.forward_composed(x, composed_layer_cache, &rope);
+                        (fused, composed)
+                    })
                 })
-                .expect("room in the cache")
-                .expect("burn-flex fuses a single-token layer");
-            let layer_cache = composed_cache.layers_mut().next().expect("one layer");
-            let composed = layer
-                .forward_composed(x, layer_cache, &rope)
-                .expect("room in the cache");
-            for cache in [&mut fused_cache, &mut composed_cache] {
-                cache.advance(1);
+                .expect("a thread pool");
+                let fused = fused
+                    .expect("room in the cache")
+                    .expect("burn-flex fuses a single-token layer");
+                let composed = composed.expect("room in the cache");
+                for cache in [&mut fused_cache, &mut composed_cache] {
+                    cache.advance(1);
+                }
+                let (fused, composed) = (fused.into_data(), composed.into_data());
+                assert_eq!(fused, composed, "{threads} threads, position {position}");
             }
-            let (fused, composed) = (fused.into_data(), composed.into_data());
-            assert_eq!(fused, composed, "position {position}");
         }
     }
 }

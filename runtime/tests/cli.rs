@@ -3,6 +3,10 @@
 use std::path::PathBuf;
 use std::process::{Command, Output};
 
+/// Relative perplexity difference allowed against transformers: measured agreement is
+/// ~1e-7 (f32 rounding in a different order), this leaves 100x margin.
+const PPL_TOLERANCE: f64 = 1e-5;
+
 fn runtime(args: &[&str]) -> Output {
     Command::new(env!("CARGO_BIN_EXE_runtime"))
         .args(args)
@@ -125,4 +129,75 @@ fn bad_prompts_are_refused() {
         all.extend(args);
         assert_one_line_error(&runtime(&all), expected);
     }
+}
+
+/// `--stop "\n\n"` as typed in a shell (a backslash and an n) ends at the blank line.
+#[test]
+fn stop_escape_ends_generation_at_a_blank_line() {
+    let Some(dir) = artifact_dir() else { return };
+    // Greedy text is " Paris.\n\nThe answer is: ..." (golden.json).
+    let out = greedy(&dir, "The capital of France is", "40", &["--stop", r"\n\n"]);
+    assert!(out.status.success());
+    assert_eq!(String::from_utf8_lossy(&out.stdout), " Paris.\n");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("stop: stop"), "{stderr}");
+}
+
+/// Sampling with the command line's defaults (T 0.8, top-k 40, top-p 0.95, min-p 0.05):
+/// the same seed gives the same tokens, another seed others.
+#[test]
+fn default_sampling_is_reproducible_by_seed() {
+    let Some(dir) = artifact_dir() else { return };
+    let sample = |seed: &str| {
+        let out = runtime(&[
+            "--artifacts",
+            &dir,
+            "--prompt",
+            "Once upon a time",
+            "--max-new-tokens",
+            "24",
+            "--seed",
+            seed,
+            "--json",
+        ]);
+        assert!(out.status.success());
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["tokens"].clone()
+    };
+    assert_eq!(sample("7"), sample("7"));
+    assert_ne!(sample("7"), sample("8"));
+}
+
+/// `runtime perplexity` on the first 2048 tokens of ppl_text.txt, tokenized by the runtime
+/// itself, against transformers fed the same ids (golden.json's `perplexity_tokenizers`).
+#[test]
+fn perplexity_command_matches_transformers() {
+    let Some(dir) = artifact_dir() else { return };
+    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ppl_text.txt");
+    let out = runtime(&[
+        "perplexity",
+        "--artifacts",
+        &dir,
+        "--file",
+        file,
+        "--max-tokens",
+        "2048",
+        "--json",
+    ]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let golden: serde_json::Value = serde_json::from_str(include_str!("data/golden.json")).unwrap();
+    let golden = &golden["perplexity_tokenizers"];
+    assert_eq!(ours["tokens"], golden["tokens"]);
+    let (ours, golden) = (
+        ours["ppl"].as_f64().unwrap(),
+        golden["ppl"].as_f64().unwrap(),
+    );
+    let relative = (ours / golden - 1.0).abs();
+    eprintln!("perplexity {ours} vs transformers {golden}: relative {relative:.2e}");
+    assert!(relative < PPL_TOLERANCE, "{ours} vs {golden}");
 }

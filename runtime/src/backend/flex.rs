@@ -297,10 +297,21 @@ fn matrix(tensor: &FlexTensor) -> Option<Matrix<'_>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use burn::tensor::Distribution;
+    use crate::testing::normal;
 
-    fn random(shape: [usize; 3]) -> Tensor<FlexBackend, 3> {
-        Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default())
+    /// The thread counts every kernel is checked at: one, the machine's two, and more
+    /// threads than cores (more attention spans, shares of a product).
+    const THREADS: [usize; 4] = [1, 2, 3, 5];
+
+    /// Runs `check` in pools of each of `THREADS`, outside and inside a thread team.
+    fn at_every_thread_count(check: impl Fn() + Sync) {
+        for threads in THREADS {
+            crate::in_thread_pool(Some(threads), || {
+                check();
+                team::with_team(&check);
+            })
+            .expect("a thread pool");
+        }
     }
 
     fn assert_close(fused: Tensor<FlexBackend, 3>, reference: Tensor<FlexBackend, 3>) {
@@ -316,6 +327,10 @@ mod tests {
     /// (one key), keys split across threads, more keys than one tile, batch 2.
     #[test]
     fn fused_attention_matches_the_reference() {
+        at_every_thread_count(attention_matches_the_reference);
+    }
+
+    fn attention_matches_the_reference() {
         let heads = Heads {
             n_heads: 6,
             n_kv_heads: 2,
@@ -331,10 +346,11 @@ mod tests {
             (2, 40, 1),
         ] {
             let total = start + seq;
-            let queries = random([batch, seq, 6 * 16]) * 0.25;
+            let seed = (batch * 1000 + start + seq) as u64;
+            let queries = normal([batch, seq, 6 * 16], seed) * 0.25;
             let cache = |t: Tensor<FlexBackend, 3>| t.narrow(1, 0, total);
-            let keys = cache(random([batch, total + 9, 2 * 16]));
-            let values = cache(random([batch, total + 9, 2 * 16]));
+            let keys = cache(normal([batch, total + 9, 2 * 16], seed + 1));
+            let values = cache(normal([batch, total + 9, 2 * 16], seed + 2));
             let reference =
                 reference::attention(queries.clone(), keys.clone(), values.clone(), heads);
             let fused = FlexBackend::causal_attention(queries, keys, values, heads);
@@ -345,8 +361,8 @@ mod tests {
     /// Writes what `slice_assign` writes, into the buffer it was given (no copy of it).
     #[test]
     fn write_rows_matches_the_reference_in_place() {
-        let buffer = random([2, 10, 8]);
-        let rows = random([2, 3, 8]);
+        let buffer = normal([2, 10, 8], 1);
+        let rows = normal([2, 3, 8], 2);
         let reference = reference::write_rows(buffer.clone(), 4, rows.clone());
         let address = |t: &Tensor<FlexBackend, 3>| {
             let tensor = flex(t.clone());
@@ -362,13 +378,11 @@ mod tests {
 
     #[test]
     fn fused_rotary_matches_the_reference() {
-        let table =
-            |shape| Tensor::random(shape, Distribution::Normal(0.0, 1.0), &Default::default());
         for (batch, seq, scale) in [(1, 1, 0.125), (2, 5, 1.0)] {
-            let x = random([batch, seq, 3 * 8]);
+            let x = normal([batch, seq, 3 * 8], seq as u64);
             let rope = RopeRows {
-                cos: table([seq, 8]),
-                sin: table([seq, 8]),
+                cos: normal([seq, 8], 10 + seq as u64),
+                sin: normal([seq, 8], 20 + seq as u64),
             };
             let reference = reference::rotary(x.clone(), &rope, scale);
             assert_close(FlexBackend::rotary(x, &rope, scale), reference);
@@ -379,15 +393,19 @@ mod tests {
     /// to it to the bit.
     #[test]
     fn fused_rms_norm_matches_the_reference() {
+        at_every_thread_count(rms_norm_matches_the_reference);
+    }
+
+    fn rms_norm_matches_the_reference() {
         let norm = burn::nn::RmsNormConfig::new(40)
             .with_epsilon(1e-5)
             .init::<FlexBackend>(&Default::default());
         let norm = burn::nn::RmsNorm {
-            gamma: norm.gamma.map(|_| random([1, 1, 40]).reshape([40])),
+            gamma: norm.gamma.map(|_| normal([40], 3)),
             ..norm
         };
         for rows in [1, 100] {
-            let x = random([1, rows, 40]) * 3.0;
+            let x = normal([1, rows, 40], rows as u64) * 3.0;
             let burn_nn = norm.forward(x.clone());
             let reference = reference::rms_norm(x.clone(), norm.gamma.val(), norm.epsilon);
             assert_eq!(reference.into_data(), burn_nn.clone().into_data());
@@ -398,8 +416,16 @@ mod tests {
 
     #[test]
     fn fused_silu_mul_matches_the_reference() {
+        at_every_thread_count(silu_mul_matches_the_reference);
+    }
+
+    fn silu_mul_matches_the_reference() {
         for len in [10, 1 << 15] {
-            let (gate, up) = (random([1, 2, len]) * 4.0, random([1, 2, len]));
+            let seed = len as u64;
+            let (gate, up) = (
+                normal([1, 2, len], seed) * 4.0,
+                normal([1, 2, len], seed + 1),
+            );
             let reference = reference::silu_mul(gate.clone(), up.clone());
             assert_close(FlexBackend::silu_mul(gate, up), reference);
         }

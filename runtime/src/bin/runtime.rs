@@ -10,7 +10,7 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use runtime::backend::KernelBackend;
 use runtime::generate::{GenerateOptions, Generation, Generator};
-use runtime::sampling::SamplingParams;
+use runtime::sampling::{SamplingParams, defaults};
 use runtime::tokenizer::Tokenizer;
 use runtime::{BackendKind, FlexBackend, NdArrayBackend};
 use serde_json::json;
@@ -68,16 +68,16 @@ struct GenerateArgs {
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_new_tokens: u32,
     /// Sampling temperature; 0 picks the most likely token every time (greedy).
-    #[arg(long, default_value_t = 0.8)]
+    #[arg(long, default_value_t = defaults::TEMPERATURE)]
     temperature: f32,
     /// Sample from the K most likely tokens only (0: no limit).
-    #[arg(long, default_value_t = 40)]
+    #[arg(long, default_value_t = defaults::TOP_K)]
     top_k: usize,
     /// Sample from the smallest set of tokens whose probability reaches P (1: no limit).
-    #[arg(long, default_value_t = 0.95)]
+    #[arg(long, default_value_t = defaults::TOP_P)]
     top_p: f32,
     /// Drop tokens less likely than P times the most likely one (0: none).
-    #[arg(long, default_value_t = 0.05)]
+    #[arg(long, default_value_t = defaults::MIN_P)]
     min_p: f32,
     /// Penalty for tokens among the last --repeat-last-n (1: none).
     #[arg(long, default_value_t = 1.0)]
@@ -88,8 +88,9 @@ struct GenerateArgs {
     /// Random seed: the same seed gives the same text.
     #[arg(long, default_value_t = 299_792_458)]
     seed: u64,
-    /// End generation before this string (repeatable).
-    #[arg(long)]
+    /// End generation before this string (repeatable). `\n`, `\t` and `\r` are read as
+    /// newline, tab and carriage return, `\\` as a backslash, as llama.cpp reads them.
+    #[arg(long, value_parser = unescape)]
     stop: Vec<String>,
     #[command(flatten)]
     common: CommonArgs,
@@ -218,6 +219,28 @@ fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<(
     Ok(())
 }
 
+/// `text` with the escapes `\n`, `\t`, `\r` and `\\` replaced by what they stand for, so
+/// `--stop "\n\n"` typed in a shell means a blank line. Any other backslash is kept.
+fn unescape(text: &str) -> Result<String, std::convert::Infallible> {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c != '\\' {
+            out.push(c);
+            continue;
+        }
+        match chars.next() {
+            Some('n') => out.push('\n'),
+            Some('t') => out.push('\t'),
+            Some('r') => out.push('\r'),
+            Some('\\') => out.push('\\'),
+            Some(other) => out.extend(['\\', other]),
+            None => out.push('\\'),
+        }
+    }
+    Ok(out)
+}
+
 fn generation_json(g: &Generation, load_s: f64) -> serde_json::Value {
     json!({
         "text": g.text,
@@ -251,4 +274,22 @@ fn perplexity<B: KernelBackend>(args: &PerplexityArgs) -> Result<()> {
         );
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::unescape;
+
+    #[test]
+    fn stop_escapes_read_as_typed() {
+        for (typed, meant) in [
+            (r"\n\n", "\n\n"),
+            (r"a\tb\r", "a\tb\r"),
+            (r"back\\slash\n", "back\\slash\n"),
+            (r"keep \x and a trailing \", "keep \\x and a trailing \\"),
+            ("plain", "plain"),
+        ] {
+            assert_eq!(unescape(typed).unwrap(), meant, "{typed}");
+        }
+    }
 }

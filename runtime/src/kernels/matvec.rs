@@ -168,7 +168,7 @@ mod tests {
             .map(|&d_out| (0..d_out * d_in).map(|i| (i % 11) as f32 - 5.0).collect())
             .collect();
         let rows: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
-        for threads in [1, 2, 3] {
+        for threads in [1, 2, 3, 5] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()

@@ -218,7 +218,7 @@ mod tests {
             });
             runs.iter().all(|r| r.load(Ordering::Relaxed) == 1)
         };
-        for threads in [1, 2, 3] {
+        for threads in [1, 2, 3, 5] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
                 .build()

@@ -13,10 +13,14 @@ use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
+use runtime::files::read_text_bounded;
+
 use crate::mmap::MappedFile;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
+/// Largest shard index we read (a 405B model's is a few hundred KB).
+const INDEX_LIMIT: u64 = 16 << 20;
 
 /// Shape, dtype and location of one tensor.
 #[derive(Debug, Clone)]
@@ -46,8 +50,7 @@ impl Checkpoint {
     pub fn open(dir: &Path) -> Result<Self> {
         let index_path = dir.join(INDEX_FILE);
         let (index_files, shard_names, weight_map) = if index_path.exists() {
-            let text = std::fs::read_to_string(&index_path)
-                .with_context(|| format!("cannot read {}", index_path.display()))?;
+            let text = read_text_bounded(&index_path, INDEX_LIMIT)?;
             let index: ShardIndex = serde_json::from_str(&text)
                 .with_context(|| format!("{} is not a valid shard index", index_path.display()))?;
             let mut shards: Vec<String> = index.weight_map.values().cloned().collect();

@@ -8,12 +8,14 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::Path;
 
-use anyhow::{Context, Result, anyhow, bail, ensure};
+use anyhow::{Result, anyhow, bail, ensure};
 use runtime::artifact::{
     CONFIG_FILE, FORMAT_VERSION, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, Manifest,
-    TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+    OPTIONAL_FILES, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
-use runtime::config::{HfConfig, LlamaConfig};
+use runtime::config::{CONFIG_LIMIT, GenerationConfig, HfConfig, LlamaConfig, TokenIds};
+use runtime::files::read_bounded;
+use runtime::tokenizer::{TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer};
 use runtime::model::Llama;
 use runtime::params::params;
 use safetensors::Dtype;
@@ -24,55 +26,114 @@ use crate::names::{self, Transform};
 use crate::record::{B, Source, load_weights, save_record};
 use crate::staging::Staging;
 
-/// Files copied from the checkpoint into the artifact: (name, required).
-const SIDE_FILES: &[(&str, bool)] = &[
-    (CONFIG_FILE, true),
-    (GENERATION_CONFIG_FILE, false),
-    (TOKENIZER_FILE, true),
-    (TOKENIZER_CONFIG_FILE, false),
+/// Files copied from the checkpoint into the artifact: (name, required, most bytes).
+const SIDE_FILES: &[(&str, bool, u64)] = &[
+    (CONFIG_FILE, true, CONFIG_LIMIT),
+    (GENERATION_CONFIG_FILE, false, CONFIG_LIMIT),
+    (TOKENIZER_FILE, true, TOKENIZER_LIMIT),
+    (TOKENIZER_CONFIG_FILE, false, TOKENIZER_CONFIG_LIMIT),
 ];
 
 /// Converts the checkpoint in `src` into an artifact in `out` and returns its manifest.
 pub fn convert(src: &Path, out: &Path) -> Result<Manifest> {
     let hf = HfConfig::from_file(&src.join(CONFIG_FILE))?;
     let config = LlamaConfig::from_hf(&hf)?;
-    for &(name, required) in SIDE_FILES {
-        if required && !src.join(name).is_file() {
-            bail!("{}: missing {name}", src.display());
+    // Each side file read once, within its bound; what is copied is what was checked.
+    let mut side_files = Vec::new();
+    for &(name, required, limit) in SIDE_FILES {
+        match read_bounded(&src.join(name), limit) {
+            Ok(bytes) => side_files.push((name, bytes)),
+            Err(e) if e.is_not_found() && !required => {}
+            Err(e) if e.is_not_found() => bail!("{}: missing {name}", src.display()),
+            Err(e) => return Err(e.into()),
         }
     }
     let checkpoint = Checkpoint::open(src)?;
+    // Before the model is built: its size comes from config.json, which could claim any
+    // number of layers.
+    check_layer_count(&checkpoint, &config)?;
     let device = Default::default();
     let model = config.init::<B>(&device);
     let sources = plan(&checkpoint, &config, &model)?;
 
     // Creates `out` too (and removes it again if this run fails before finishing).
-    let staging = Staging::create(out.join(".partial"))?;
+    let staging = Staging::create(out.join(".partial"), &[src])?;
+    let mut artifact_files = vec![MODEL_FILE.to_string()];
+    for (name, bytes) in &side_files {
+        staging.write(name, bytes)?;
+        artifact_files.push(name.to_string());
+    }
+    // The artifact's files as the runtime will read them, checked before any weight is.
+    let tokenizer = check_side_files(&staging.path(""), &config)?;
     let model = load_weights(model, &checkpoint, sources)?;
     save_record(model, &staging)?;
-    let mut artifact_files = vec![MODEL_FILE.to_string()];
-    for &(name, _) in SIDE_FILES {
-        if src.join(name).is_file() {
-            std::fs::copy(src.join(name), staging.path(name))
-                .with_context(|| format!("cannot copy {name}"))?;
-            artifact_files.push(name.to_string());
-        }
-    }
 
-    let source_files = SIDE_FILES
+    let source_files = side_files
         .iter()
-        .map(|&(name, _)| name.to_string())
-        .filter(|name| src.join(name).is_file())
+        .map(|(name, _)| name.to_string())
         .chain(checkpoint.files.iter().cloned());
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         converter: format!("converter {}", env!("CARGO_PKG_VERSION")),
         source: digests(src, source_files)?,
         files: digests(&staging.path(""), artifact_files.iter().cloned())?,
-        probe: probe(&staging.path(""), PROBE_TEXT)?,
+        probe: probe(&tokenizer, PROBE_TEXT)?,
     };
-    staging.commit_into(out, &artifact_files, (MANIFEST_FILE, &manifest.to_json()))?;
+    // Optional files an earlier conversion wrote and this one does not.
+    let stale: Vec<&str> = OPTIONAL_FILES
+        .into_iter()
+        .filter(|name| !artifact_files.iter().any(|f| f == name))
+        .collect();
+    staging.commit_into(
+        out,
+        &artifact_files,
+        &stale,
+        (MANIFEST_FILE, &manifest.to_json()),
+    )?;
     Ok(manifest)
+}
+
+/// Reads the artifact's side files in `dir` with the runtime's own readers and checks them
+/// against the model: generation_config.json parses, every id the tokenizer and the configs
+/// name is a row of the embedding, the chat template renders within its bounds. Returns the
+/// tokenizer.
+pub fn check_side_files(dir: &Path, config: &LlamaConfig) -> Result<Tokenizer> {
+    let generation = GenerationConfig::from_file(&dir.join(GENERATION_CONFIG_FILE))?;
+    let tokenizer = Tokenizer::from_dir(dir)?;
+    tokenizer.check_fits(config)?;
+    let mut special: Vec<(&str, u32)> = Vec::new();
+    special.extend(config.bos_token_id.map(|id| ("bos_token_id", id)));
+    special.extend(config.eos_token_ids.iter().map(|&id| ("eos_token_id", id)));
+    if let Some(generation) = &generation {
+        for (what, ids) in [
+            ("generation_config.json's bos_token_id", &generation.bos_token_id),
+            ("generation_config.json's eos_token_id", &generation.eos_token_id),
+        ] {
+            special.extend(ids.iter().flat_map(TokenIds::to_vec).map(|id| (what, id)));
+        }
+    }
+    for (what, id) in special {
+        config.check_token_id(id, what)?;
+    }
+    Ok(tokenizer)
+}
+
+/// config.json's layer count against the checkpoint's, so a config claiming a million
+/// layers fails here and not in building a model that large.
+fn check_layer_count(checkpoint: &Checkpoint, config: &LlamaConfig) -> Result<()> {
+    let layers = checkpoint
+        .tensors
+        .keys()
+        .filter_map(|name| names::split_layer(name))
+        .map(|(layer, _)| layer + 1)
+        .max()
+        .unwrap_or(0);
+    ensure!(
+        layers == config.num_layers,
+        "config.json has {} layers (num_hidden_layers), the checkpoint's tensors {layers}",
+        config.num_layers
+    );
+    Ok(())
 }
 
 /// Matches every parameter of `model` to a checkpoint tensor and checks names, shapes and

@@ -13,18 +13,20 @@ use sha2::{Digest, Sha256};
 pub const PROBE_TEXT: &str =
     "Hello, world! 12345 日本語 🦀 fn main() { println!(\"hi\"); } <|im_start|>user";
 
-/// Tokenizes `text` with the tokenizer files in `dir`, exactly as the runtime encodes a
-/// prompt.
-pub fn probe(dir: &Path, text: &str) -> Result<Probe, TokenizerError> {
+/// Tokenizes `text` exactly as the runtime encodes a prompt.
+pub fn probe(tokenizer: &Tokenizer, text: &str) -> Result<Probe, TokenizerError> {
     Ok(Probe {
         text: text.to_string(),
-        token_ids: Tokenizer::from_dir(dir)?.encode(text)?,
+        token_ids: tokenizer.encode(text)?,
     })
 }
 
 /// sha256 (lower-case hex) and size of a file, read in 1 MiB chunks.
 pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
     let mut file = std::fs::File::open(path)?;
+    if !file.metadata()?.is_file() {
+        return Err(std::io::Error::other("not a regular file"));
+    }
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut bytes = 0u64;

@@ -483,7 +483,36 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed> {
             len: len as usize,
         });
     }
+    check_disjoint(&tensors)?;
     Ok((metadata, tensors))
+}
+
+/// Each tensor once, with bytes of its own: a repeated name would make the import's
+/// output ambiguous, and tensors sharing bytes would let a small file decode into far more
+/// values than it holds (memory bounded by the file's size no longer).
+fn check_disjoint(tensors: &[TensorInfo]) -> Result<()> {
+    let mut names = std::collections::HashSet::new();
+    for tensor in tensors {
+        ensure!(
+            names.insert(tensor.name.as_str()),
+            "tensor {} appears more than once",
+            tensor.name
+        );
+    }
+    let mut ranges: Vec<&TensorInfo> = tensors.iter().filter(|t| t.len > 0).collect();
+    ranges.sort_by_key(|t| t.start);
+    for pair in ranges.windows(2) {
+        let (a, b) = (pair[0], pair[1]);
+        ensure!(
+            a.start + a.len <= b.start,
+            "tensors {} and {} share data bytes [{}, {})",
+            a.name,
+            b.name,
+            b.start,
+            (a.start + a.len).min(b.start + b.len)
+        );
+    }
+    Ok(())
 }
 
 #[cfg(test)]

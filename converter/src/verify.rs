@@ -3,8 +3,10 @@
 use std::path::Path;
 
 use anyhow::Result;
-use runtime::artifact::{FileDigest, Manifest, TOKENIZER_FILE};
+use runtime::artifact::{CONFIG_FILE, FileDigest, Manifest, TOKENIZER_FILE};
+use runtime::config::LlamaConfig;
 
+use crate::convert::check_side_files;
 use crate::digest::{digest_file, probe};
 
 /// Differences between the artifact in `out` (and, if given, the checkpoint in `src`) and
@@ -12,6 +14,9 @@ use crate::digest::{digest_file, probe};
 pub fn verify(out: &Path, src: Option<&Path>) -> Result<Vec<String>> {
     let manifest = Manifest::read(out)?;
     let mut problems = Vec::new();
+    if let Err(e) = manifest.check_files(out) {
+        problems.push(e.to_string());
+    }
     let mut check = |dir: &Path, expected: &[FileDigest], what: &str| {
         for file in expected {
             let path = dir.join(&file.name);
@@ -33,11 +38,22 @@ pub fn verify(out: &Path, src: Option<&Path>) -> Result<Vec<String>> {
     if let Some(src) = src {
         check(src, &manifest.source, "source");
     }
-    let tokenizer = out.join(TOKENIZER_FILE);
-    match probe(out, &manifest.probe.text) {
+    let config = LlamaConfig::from_file(&out.join(CONFIG_FILE));
+    let tokenizer = config
+        .map_err(anyhow::Error::from)
+        .and_then(|config| check_side_files(out, &config));
+    let tokenizer = match tokenizer {
+        Ok(tokenizer) => tokenizer,
+        Err(e) => {
+            problems.push(format!("{e:#}"));
+            return Ok(problems);
+        }
+    };
+    let tokenizer_path = out.join(TOKENIZER_FILE);
+    match probe(&tokenizer, &manifest.probe.text) {
         Ok(probe) if probe.token_ids != manifest.probe.token_ids => problems.push(format!(
             "{}: probe text tokenizes to {:?}, manifest says {:?}",
-            tokenizer.display(),
+            tokenizer_path.display(),
             probe.token_ids,
             manifest.probe.token_ids
         )),

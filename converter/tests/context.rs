@@ -112,7 +112,7 @@ fn context_limit_is_kept_exactly() {
     );
 
     // A cache too small for the input is an error before any work, not a panic.
-    let mut cache = generator.new_cache(8);
+    let mut cache = generator.new_cache(8).unwrap();
     let err = generator
         .forward_logits(&fixture.ids[..9], &mut cache, false)
         .unwrap_err();

@@ -34,14 +34,14 @@ fn max_diff(ours: &[f32], reference: &[Vec<f32>]) -> f32 {
 /// prompt then single tokens (a chunk boundary in the middle).
 fn assert_matches<B: KernelBackend>(generator: &Generator<B>, fixture: &Fixture, what: &str) {
     let n = fixture.ids.len();
-    let mut cache = generator.new_cache(n);
+    let mut cache = generator.new_cache(n).unwrap();
     let all = generator
         .forward_logits(&fixture.ids, &mut cache, true)
         .unwrap();
     let diff = max_diff(&all, &fixture.logits);
     assert!(diff < 1e-4, "{what}: prefill logits differ by {diff}");
 
-    let mut cache = generator.new_cache(n);
+    let mut cache = generator.new_cache(n).unwrap();
     let mut stepwise = Vec::new();
     for &id in &fixture.ids {
         stepwise.extend(generator.forward_logits(&[id], &mut cache, false).unwrap());
@@ -49,7 +49,7 @@ fn assert_matches<B: KernelBackend>(generator: &Generator<B>, fixture: &Fixture,
     let diff = max_diff(&stepwise, &fixture.logits);
     assert!(diff < 1e-4, "{what}: decode logits differ by {diff}");
 
-    let mut cache = generator.new_cache(n);
+    let mut cache = generator.new_cache(n).unwrap();
     let mut mixed = generator
         .forward_logits(&fixture.ids[..10], &mut cache, true)
         .unwrap();

@@ -4,6 +4,12 @@
 //! `manifest.json` is written last and removed first by the converter, so it doubles as the
 //! "complete" marker: a directory without one, or whose files differ in size from it, is an
 //! interrupted conversion and is refused.
+//!
+//! One definition of a complete artifact, enforced by `converter verify` and by loading
+//! alike ([`Manifest::read`], [`Manifest::check_files`]): the manifest lists the required
+//! files and any optional ones, each once, by plain file name; no artifact file it does not
+//! list is present (a stale one from an earlier conversion would otherwise be used); every
+//! listed file has its listed size.
 
 use std::path::{Path, PathBuf};
 
@@ -13,6 +19,8 @@ use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigError, LlamaConfig};
+use crate::files::{FileError, read_text_bounded};
+use crate::panics::catch_quietly;
 use crate::model::Llama;
 use crate::params::params;
 
@@ -26,6 +34,14 @@ pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 /// Bumped whenever the meaning of the artifact's files changes.
 pub const FORMAT_VERSION: u32 = 1;
 
+/// Files every artifact has, besides the manifest.
+pub const REQUIRED_FILES: [&str; 3] = [MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE];
+/// Files an artifact has when its checkpoint had them.
+pub const OPTIONAL_FILES: [&str; 2] = [GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE];
+
+/// Largest manifest we read: a real one is a few KB.
+pub const MANIFEST_LIMIT: u64 = 1 << 20;
+
 /// The recorder every artifact is saved and loaded with.
 pub type ArtifactRecorder = NamedMpkFileRecorder<FullPrecisionSettings>;
 
@@ -37,6 +53,10 @@ pub enum ArtifactError {
         path: PathBuf,
         error: std::io::Error,
     },
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("{path}: {problem}")]
+    Incomplete { path: PathBuf, problem: String },
     #[error(
         "{0}: no {MANIFEST_FILE}; the artifact is missing or its conversion did not finish (run `just convert`)"
     )]
@@ -94,15 +114,14 @@ pub struct Manifest {
 }
 
 impl Manifest {
-    /// Reads `dir/manifest.json`.
+    /// Reads `dir/manifest.json` and checks that it describes a complete artifact: the
+    /// required files and optional ones only, each once, and source files by plain name.
     pub fn read(dir: &Path) -> Result<Self, ArtifactError> {
         let path = dir.join(MANIFEST_FILE);
-        let text = match std::fs::read_to_string(&path) {
+        let text = match read_text_bounded(&path, MANIFEST_LIMIT) {
             Ok(text) => text,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(ArtifactError::NoManifest(dir.to_path_buf()));
-            }
-            Err(error) => return Err(ArtifactError::Io { path, error }),
+            Err(e) if e.is_not_found() => return Err(ArtifactError::NoManifest(dir.to_path_buf())),
+            Err(e) => return Err(e.into()),
         };
         let manifest: Manifest =
             serde_json::from_str(&text).map_err(|error| ArtifactError::BadManifest {
@@ -115,6 +134,39 @@ impl Manifest {
                 found: manifest.format_version,
             });
         }
+        let incomplete = |problem: String| ArtifactError::Incomplete {
+            path: path.clone(),
+            problem,
+        };
+        let mut listed = std::collections::BTreeSet::new();
+        for file in &manifest.files {
+            if !(REQUIRED_FILES.contains(&file.name.as_str())
+                || OPTIONAL_FILES.contains(&file.name.as_str()))
+            {
+                return Err(incomplete(format!(
+                    "lists {:?}, which is not an artifact file",
+                    file.name
+                )));
+            }
+            if !listed.insert(file.name.as_str()) {
+                return Err(incomplete(format!("lists {} twice", file.name)));
+            }
+        }
+        if let Some(missing) = REQUIRED_FILES.iter().find(|f| !listed.contains(*f)) {
+            return Err(incomplete(format!("does not list {missing}")));
+        }
+        let mut sources = std::collections::BTreeSet::new();
+        for file in &manifest.source {
+            if !is_plain_file_name(&file.name) {
+                return Err(incomplete(format!(
+                    "source {:?} is not a plain file name",
+                    file.name
+                )));
+            }
+            if !sources.insert(file.name.as_str()) {
+                return Err(incomplete(format!("lists source {} twice", file.name)));
+            }
+        }
         Ok(manifest)
     }
 
@@ -125,27 +177,46 @@ impl Manifest {
         text
     }
 
-    /// Cheap completeness check for loading: every listed file exists with its size.
+    /// Cheap completeness check for loading: every listed file is a regular file of its
+    /// listed size, and no artifact file the manifest does not list is there.
     /// (`converter verify` checks the digests.)
-    pub fn check_sizes(&self, dir: &Path) -> Result<(), ArtifactError> {
+    pub fn check_files(&self, dir: &Path) -> Result<(), ArtifactError> {
         for file in &self.files {
             let path = dir.join(&file.name);
-            let actual = std::fs::metadata(&path)
-                .map_err(|error| ArtifactError::Io {
-                    path: path.clone(),
-                    error,
-                })?
-                .len();
-            if actual != file.bytes {
+            let metadata = std::fs::metadata(&path).map_err(|error| ArtifactError::Io {
+                path: path.clone(),
+                error,
+            })?;
+            if !metadata.is_file() {
+                return Err(FileError::NotRegular { path }.into());
+            }
+            if metadata.len() != file.bytes {
                 return Err(ArtifactError::SizeMismatch {
                     path,
                     expected: file.bytes,
-                    actual,
+                    actual: metadata.len(),
+                });
+            }
+        }
+        for name in OPTIONAL_FILES {
+            let listed = self.files.iter().any(|f| f.name == name);
+            let path = dir.join(name);
+            if !listed && std::fs::symlink_metadata(&path).is_ok() {
+                return Err(ArtifactError::Incomplete {
+                    path,
+                    problem: format!(
+                        "not listed in {MANIFEST_FILE}: left from another conversion; convert again"
+                    ),
                 });
             }
         }
         Ok(())
     }
+}
+
+/// A name that stays inside the directory it is joined to: no separator, not `.` or `..`.
+pub fn is_plain_file_name(name: &str) -> bool {
+    !name.is_empty() && name != "." && name != ".." && !name.contains(['/', '\\', '\0'])
 }
 
 /// Loads a converted model: checks the manifest marks the directory complete, reads the
@@ -155,15 +226,31 @@ pub fn load_model<B: Backend>(
     device: &B::Device,
 ) -> Result<(Llama<B>, LlamaConfig), ArtifactError> {
     let manifest = Manifest::read(dir)?;
-    manifest.check_sizes(dir)?;
+    manifest.check_files(dir)?;
     let config = LlamaConfig::from_file(&dir.join(CONFIG_FILE))?;
     let path = dir.join(MODEL_FILE);
+    // Checked before the model is built, which config.json alone sizes: the record holds
+    // every parameter as an f32.
+    let record_bytes = manifest
+        .files
+        .iter()
+        .find(|f| f.name == MODEL_FILE)
+        .map_or(0, |f| f.bytes);
+    let parameters = config.parameter_count();
+    if parameters * 4 > u128::from(record_bytes) {
+        return Err(ArtifactError::Record {
+            path,
+            message: format!(
+                "config.json implies {parameters} parameters, more than the record's {record_bytes} bytes hold: config.json and model.mpk disagree"
+            ),
+        });
+    }
     let model = config.init::<B>(device);
     // Burn loads a record's tensors whatever their shapes; a mismatch would only surface
     // as a panic deep in a matmul, so compare with what config.json implies.
     let expected = params::<B, _>(&model);
     let loaded =
-        without_panic_message(|| model.load_file(path.clone(), &ArtifactRecorder::new(), device));
+        catch_quietly(|| model.load_file(path.clone(), &ArtifactRecorder::new(), device));
     let model = match loaded {
         Ok(Ok(model)) => model,
         Ok(Err(e)) => {
@@ -191,26 +278,6 @@ pub fn load_model<B: Backend>(
         }
     }
     Ok((model, config))
-}
-
-/// Runs `f`, turning a panic into `Err(message)` without printing it.
-///
-/// Burn's record loading trusts the file: a corrupt parameter id or a tensor whose bytes
-/// disagree with its shape panics inside Burn (`ParamId::deserialize`, `TensorData`)
-/// instead of returning an error. The size check before catches truncation; this catches
-/// corruption, so a damaged model.mpk is one error line, not a backtrace.
-fn without_panic_message<T>(f: impl FnOnce() -> T) -> Result<T, String> {
-    let hook = std::panic::take_hook();
-    std::panic::set_hook(Box::new(|_| {}));
-    let result = std::panic::catch_unwind(std::panic::AssertUnwindSafe(f));
-    std::panic::set_hook(hook);
-    result.map_err(|payload| {
-        payload
-            .downcast_ref::<&str>()
-            .map(|s| s.to_string())
-            .or_else(|| payload.downcast_ref::<String>().cloned())
-            .unwrap_or_else(|| "panic while decoding".into())
-    })
 }
 
 fn first_line(text: &str) -> String {

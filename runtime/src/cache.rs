@@ -17,6 +17,14 @@ pub enum CacheError {
     Full { needed: usize, capacity: usize },
     #[error("a batch of {given} sequences does not fit a KV cache for {batch}")]
     Batch { given: usize, batch: usize },
+    #[error(
+        "a KV cache for {positions} positions needs {bytes} bytes, more than the {available} this machine has available; ask for fewer tokens"
+    )]
+    TooLarge {
+        positions: usize,
+        bytes: u64,
+        available: u64,
+    },
 }
 
 /// Keys and values of one layer: `[batch, capacity, n_kv_heads * head_dim]` each, the
@@ -39,9 +47,28 @@ pub struct KvCache<B: Backend> {
 }
 
 impl<B: Backend> KvCache<B> {
-    /// A cache for `batch` sequences of `capacity` positions (prompt plus generated tokens).
-    pub fn new(config: &LlamaConfig, batch: usize, capacity: usize, device: &B::Device) -> Self {
-        let shape = [batch, capacity, config.n_kv_heads * config.head_dim];
+    /// A cache for `batch` sequences of `capacity` positions (prompt plus generated tokens),
+    /// refused if its buffers and tables would not fit in the memory available: a config may
+    /// claim any context length, and a run may ask for any number of tokens.
+    pub fn new(
+        config: &LlamaConfig,
+        batch: usize,
+        capacity: usize,
+        device: &B::Device,
+    ) -> Result<Self, CacheError> {
+        let width = config.n_kv_heads * config.head_dim;
+        let floats = (config.num_layers as u64 * 2 * batch as u64 * width as u64)
+            .saturating_add(2 * config.head_dim as u64)
+            .saturating_mul(capacity as u64);
+        let bytes = floats.saturating_mul(4);
+        if let Some(available) = available_memory().filter(|&a| bytes > a) {
+            return Err(CacheError::TooLarge {
+                positions: capacity,
+                bytes,
+                available,
+            });
+        }
+        let shape = [batch, capacity, width];
         let layers = (0..config.num_layers)
             .map(|_| LayerCache {
                 keys: Tensor::zeros(shape, device),
@@ -49,13 +76,13 @@ impl<B: Backend> KvCache<B> {
                 len: 0,
             })
             .collect();
-        Self {
+        Ok(Self {
             layers,
             rope: Rope::new(config, capacity, device),
             len: 0,
             batch,
             capacity,
-        }
+        })
     }
 
     /// Positions already cached: the position of the next token.
@@ -103,6 +130,14 @@ impl<B: Backend> KvCache<B> {
     pub(crate) fn advance(&mut self, seq: usize) {
         self.len += seq;
     }
+}
+
+/// `MemAvailable` of /proc/meminfo, in bytes, where there is one.
+fn available_memory() -> Option<u64> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
 }
 
 impl<B: KernelBackend> LayerCache<B> {

@@ -6,6 +6,11 @@
 use serde::{Deserialize, Serialize};
 use std::path::Path;
 
+use crate::files::{FileError, read_text_bounded};
+
+/// Largest config.json we read: real ones are a few KB.
+pub const CONFIG_LIMIT: u64 = 1 << 20;
+
 /// Largest vocabulary we accept; far above any real Llama (Llama 3 has 128 256 tokens) and
 /// small enough that a corrupt value can't make us allocate gigabytes.
 const MAX_VOCAB: usize = 1 << 20;
@@ -16,9 +21,9 @@ const MAX_DIM: usize = 1 << 20;
 /// Errors in a config.json.
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
-    #[error("cannot read {path}: {error}")]
-    Io { path: String, error: std::io::Error },
-    #[error("{path} is not a valid config.json: {error}")]
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("{path} is not valid: {error}")]
     Parse {
         path: String,
         error: serde_json::Error,
@@ -75,6 +80,33 @@ pub struct HfConfig {
     pub eos_token_id: Option<TokenIds>,
 }
 
+/// generation_config.json: the keys we read. Optional in a checkpoint; the converter and
+/// the runtime read it with this one parser, so a file the runtime would refuse never
+/// makes it into an artifact.
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct GenerationConfig {
+    pub bos_token_id: Option<TokenIds>,
+    /// Ids that end a sequence, besides config.json's.
+    pub eos_token_id: Option<TokenIds>,
+}
+
+impl GenerationConfig {
+    /// Reads `path`; `None` if there is no such file.
+    pub fn from_file(path: &Path) -> Result<Option<Self>, ConfigError> {
+        let text = match read_text_bounded(path, CONFIG_LIMIT) {
+            Ok(text) => text,
+            Err(e) if e.is_not_found() => return Ok(None),
+            Err(e) => return Err(e.into()),
+        };
+        serde_json::from_str(&text)
+            .map(Some)
+            .map_err(|error| ConfigError::Parse {
+                path: path.display().to_string(),
+                error,
+            })
+    }
+}
+
 /// `rope_parameters` of transformers ≥ 5 configs.
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct RopeParameters {
@@ -102,10 +134,7 @@ pub struct LlamaConfig {
 
 impl HfConfig {
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|error| ConfigError::Io {
-            path: path.display().to_string(),
-            error,
-        })?;
+        let text = read_text_bounded(path, CONFIG_LIMIT)?;
         serde_json::from_str(&text).map_err(|error| ConfigError::Parse {
             path: path.display().to_string(),
             error,
@@ -114,6 +143,18 @@ impl HfConfig {
 }
 
 impl LlamaConfig {
+    /// Checks that `id` (the tokenizer's largest, or a special token's, named `what`) is a
+    /// row of the embedding: a larger one would index past it.
+    pub fn check_token_id(&self, id: u32, what: &str) -> Result<(), ConfigError> {
+        if id as usize >= self.vocab_size {
+            return Err(ConfigError::Invalid(format!(
+                "{what} {id} is outside the model's vocabulary (vocab_size {})",
+                self.vocab_size
+            )));
+        }
+        Ok(())
+    }
+
     /// Reads and resolves `config.json`.
     pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
         Self::from_hf(&HfConfig::from_file(path)?)

@@ -10,7 +10,7 @@ use serde::{Deserialize, Serialize};
 use crate::artifact::{self, ArtifactError, GENERATION_CONFIG_FILE};
 use crate::backend::KernelBackend;
 use crate::cache::{CacheError, KvCache};
-use crate::config::{LlamaConfig, TokenIds};
+use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::model::Llama;
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{Tokenizer, TokenizerError};
@@ -36,8 +36,10 @@ pub enum GenerateError {
     Cache(#[from] CacheError),
     #[error("perplexity needs at least 2 tokens, the text has {0}")]
     TextTooShort(usize),
-    #[error("{GENERATION_CONFIG_FILE} is not valid: {0}")]
-    GenerationConfig(String),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("token id {id} is outside the model's vocabulary (vocab_size {vocab_size})")]
+    TokenOutOfRange { id: u32, vocab_size: usize },
     #[error("{0}")]
     Backend(String),
 }
@@ -100,11 +102,6 @@ pub struct Generator<B: KernelBackend> {
     device: B::Device,
 }
 
-#[derive(Deserialize)]
-struct GenerationConfig {
-    eos_token_id: Option<TokenIds>,
-}
-
 impl<B: KernelBackend> Generator<B> {
     /// Loads the artifact in `dir`.
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self, GenerateError> {
@@ -112,22 +109,15 @@ impl<B: KernelBackend> Generator<B> {
         let model = model.with_matvec_layout(config.tie_word_embeddings);
         let mut eos_ids = config.eos_token_ids.clone();
         // generation_config.json is optional; when present it may name more end tokens.
-        match std::fs::read_to_string(dir.join(GENERATION_CONFIG_FILE)) {
-            Ok(text) => {
-                let generation: GenerationConfig = serde_json::from_str(&text)
-                    .map_err(|e| GenerateError::GenerationConfig(e.to_string()))?;
-                eos_ids.extend(
-                    generation
-                        .eos_token_id
-                        .map(|ids| ids.to_vec())
-                        .unwrap_or_default(),
-                );
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(GenerateError::GenerationConfig(e.to_string())),
+        let generation = GenerationConfig::from_file(&dir.join(GENERATION_CONFIG_FILE))?;
+        if let Some(ids) = generation.and_then(|g| g.eos_token_id) {
+            eos_ids.extend(ids.to_vec());
         }
         eos_ids.sort_unstable();
         eos_ids.dedup();
+        for &id in &eos_ids {
+            config.check_token_id(id, "end-of-sequence id")?;
+        }
         Ok(Self {
             model,
             config,
@@ -141,7 +131,7 @@ impl<B: KernelBackend> Generator<B> {
     }
 
     /// An empty KV cache for `capacity` positions.
-    pub fn new_cache(&self, capacity: usize) -> KvCache<B> {
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache<B>, CacheError> {
         KvCache::new(&self.config, 1, capacity, &self.device)
     }
 
@@ -155,6 +145,11 @@ impl<B: KernelBackend> Generator<B> {
     ) -> Result<Vec<f32>, GenerateError> {
         // Checked for the whole input, so a long one fails before any work.
         cache.check_room(1, ids.len())?;
+        let vocab_size = self.config.vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            // An id past the embedding would index out of its bounds inside the backend.
+            return Err(GenerateError::TokenOutOfRange { id, vocab_size });
+        }
         let mut out = Vec::new();
         let n_chunks = ids.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
@@ -217,7 +212,7 @@ impl<B: KernelBackend> Generator<B> {
             });
         }
         let capacity = context.min(prompt.len() + options.max_new_tokens);
-        let mut cache = self.new_cache(capacity);
+        let mut cache = self.new_cache(capacity)?;
         let mut sampler = Sampler::new(options.sampling.clone());
         let mut history = prompt.to_vec();
         let mut tokens = Vec::new();
@@ -290,7 +285,7 @@ impl<B: KernelBackend> Generator<B> {
             });
         }
         let vocab = self.config.vocab_size;
-        let mut cache = self.new_cache(ids.len());
+        let mut cache = self.new_cache(ids.len())?;
         let mut nll = 0.0f64;
         let mut position = 0;
         // Chunk by chunk, so only one chunk's logits are ever in memory.

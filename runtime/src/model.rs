@@ -110,6 +110,25 @@ impl LlamaConfig {
     }
 }
 
+impl LlamaConfig {
+    /// How many parameters the record of this config holds (what [`LlamaConfig::init`]
+    /// builds, lm_head included even when tied), without building anything: a loader checks
+    /// it against the record's size before a config claiming a huge model allocates.
+    pub fn parameter_count(&self) -> u128 {
+        let [hidden, intermediate, vocab, layers] = [
+            self.hidden_size,
+            self.intermediate_size,
+            self.vocab_size,
+            self.num_layers,
+        ]
+        .map(|n| n as u128);
+        let q = (self.n_heads * self.head_dim) as u128;
+        let kv = (self.n_kv_heads * self.head_dim) as u128;
+        let layer = 2 * hidden + 2 * hidden * q + 2 * hidden * kv + 3 * hidden * intermediate;
+        2 * vocab * hidden + layers * layer + hidden
+    }
+}
+
 impl<B: KernelBackend> Llama<B> {
     /// Runs `tokens` through the model after what `cache` holds, appending their keys and
     /// values to it, and returns the final-norm hidden states. Call [`Llama::logits`] on the
@@ -364,7 +383,7 @@ mod tests {
         let positions = 90;
         for threads in [1, 2, 3, 5] {
             let [mut fused_cache, mut composed_cache] =
-                [(); 2].map(|_| KvCache::new(&config, 1, positions, &device));
+                [(); 2].map(|_| KvCache::new(&config, 1, positions, &device).expect("a small cache"));
             for position in 0..positions {
                 let x = normal::<FlexBackend, 3>([1, 1, 64], position as u64);
                 let rope = fused_cache.rope_rows(1);

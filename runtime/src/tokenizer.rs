@@ -5,12 +5,31 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::artifact::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+use crate::config::{ConfigError, LlamaConfig};
+use crate::files::{FileError, read_bounded, read_text_bounded};
+use crate::panics::catch_quietly;
+
+/// Largest tokenizer.json we read (Llama 3's is 9 MB).
+pub const TOKENIZER_LIMIT: u64 = 64 << 20;
+/// Largest tokenizer_config.json we read (chat templates and added-token tables included).
+pub const TOKENIZER_CONFIG_LIMIT: u64 = 16 << 20;
+
+/// Bounds on rendering a chat template, which comes with the model: enough for any real
+/// template over a long conversation, far too little to hang or exhaust memory.
+const TEMPLATE_FUEL: u64 = 1_000_000;
+const TEMPLATE_RECURSION: usize = 64;
+/// Most bytes a rendered chat may have.
+pub const TEMPLATE_OUTPUT_LIMIT: usize = 16 << 20;
 
 /// Errors loading or using the tokenizer.
 #[derive(Debug, thiserror::Error)]
 pub enum TokenizerError {
     #[error("{path}: invalid tokenizer: {message}")]
     Load { path: String, message: String },
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error(transparent)]
+    Model(#[from] ConfigError),
     #[error("cannot tokenize: {0}")]
     Encode(String),
     #[error("cannot decode: {0}")]
@@ -59,25 +78,25 @@ impl Tokenizer {
     /// Loads `tokenizer.json` and, if present, `tokenizer_config.json` from `dir`.
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
         let path = dir.join(TOKENIZER_FILE);
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| TokenizerError::Load {
+        let bytes = read_bounded(&path, TOKENIZER_LIMIT)?;
+        let load_error = |message: String| TokenizerError::Load {
             path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        let inner = catch_quietly(|| tokenizers::Tokenizer::from_bytes(&bytes))
+            .map_err(&load_error)?
+            .map_err(|e| load_error(e.to_string()))?;
         let config_path = dir.join(TOKENIZER_CONFIG_FILE);
-        let config: TokenizerConfig = match std::fs::read_to_string(&config_path) {
-            Ok(text) => serde_json::from_str(&text).map_err(|e| TokenizerError::Config {
-                path: config_path.display().to_string(),
-                message: e.to_string(),
-            })?,
-            // Optional: without it there is no chat template.
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => TokenizerConfig::default(),
-            Err(e) => {
-                return Err(TokenizerError::Config {
+        let config: TokenizerConfig =
+            match read_text_bounded(&config_path, TOKENIZER_CONFIG_LIMIT) {
+                Ok(text) => serde_json::from_str(&text).map_err(|e| TokenizerError::Config {
                     path: config_path.display().to_string(),
                     message: e.to_string(),
-                });
-            }
-        };
+                })?,
+                // Optional: without it there is no chat template.
+                Err(e) if e.is_not_found() => TokenizerConfig::default(),
+                Err(e) => return Err(e.into()),
+            };
         let text =
             |t: &Option<SpecialToken>| t.as_ref().map(|t| t.text().to_string()).unwrap_or_default();
         Ok(Self {
@@ -86,6 +105,31 @@ impl Tokenizer {
             chat_template: config.chat_template,
             inner,
         })
+    }
+
+    /// The largest token id this tokenizer can produce (vocabulary and added tokens).
+    pub fn max_id(&self) -> u32 {
+        let vocab = self.inner.get_vocab(true);
+        vocab.values().copied().max().unwrap_or(0)
+    }
+
+    /// The most bytes of text one token can stand for (its longest vocabulary entry), so
+    /// `n` tokens cover at most `n * max_token_bytes()` bytes: what bounds how much text is
+    /// worth tokenizing. (Pre-tokenizers that drop text, such as whitespace splitting, can
+    /// make a token stand for more; byte-level BPE covers every byte.)
+    pub fn max_token_bytes(&self) -> usize {
+        let vocab = self.inner.get_vocab(true);
+        vocab.keys().map(String::len).max().unwrap_or(1).max(1)
+    }
+
+    /// Checks that this tokenizer fits the model of `config`: every id it can produce is a
+    /// row of the embedding, and its chat template, if any, renders within its bounds.
+    pub fn check_fits(&self, config: &LlamaConfig) -> Result<(), TokenizerError> {
+        config.check_token_id(self.max_id(), "the tokenizer's largest token id")?;
+        match self.render_chat(Some("You are a test."), "Hello") {
+            Ok(_) | Err(TokenizerError::NoChatTemplate) => Ok(()),
+            Err(e) => Err(e),
+        }
     }
 
     /// Token ids of `text`, with whatever special tokens the tokenizer's post-processor adds
@@ -99,9 +143,10 @@ impl Tokenizer {
         text: &str,
         add_special_tokens: bool,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let encoding = self
-            .inner
-            .encode(text, add_special_tokens)
+        // The tokenizers crate panics where Oniguruma gives up on a regex (its backtracking
+        // limit), which a tokenizer.json can provoke.
+        let encoding = catch_quietly(|| self.inner.encode(text, add_special_tokens))
+            .map_err(TokenizerError::Encode)?
             .map_err(|e| TokenizerError::Encode(e.to_string()))?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -135,18 +180,25 @@ impl Tokenizer {
         // (`trim_blocks=True, lstrip_blocks=True`).
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
+        // The template comes with the model: bound its work and its output.
+        env.set_fuel(Some(TEMPLATE_FUEL));
+        env.set_recursion_limit(TEMPLATE_RECURSION);
         env.add_template("chat", template)
             .map_err(|e| TokenizerError::Template(e.to_string()))?;
-        env.get_template("chat")
-            .and_then(|t| {
-                t.render(minijinja::context! {
-                    messages => messages,
-                    add_generation_prompt => true,
-                    bos_token => self.bos_token,
-                    eos_token => self.eos_token,
-                })
-            })
-            .map_err(|e| TokenizerError::Template(e.to_string()))
+        let context = minijinja::context! {
+            messages => messages,
+            add_generation_prompt => true,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        };
+        let mut out = LimitedOutput(Vec::new());
+        let template = env
+            .get_template("chat")
+            .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        template
+            .render_captured_to(context, &mut out)
+            .map_err(|e| TokenizerError::Template(e.to_string()))?;
+        String::from_utf8(out.0).map_err(|e| TokenizerError::Template(e.to_string()))
     }
 
     /// Text of `ids`, special tokens left out.
@@ -161,6 +213,25 @@ impl Tokenizer {
         TextStream {
             inner: self.inner.decode_stream(true),
         }
+    }
+}
+
+/// The rendered chat, refused past [`TEMPLATE_OUTPUT_LIMIT`] bytes.
+struct LimitedOutput(Vec<u8>);
+
+impl std::io::Write for LimitedOutput {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + bytes.len() > TEMPLATE_OUTPUT_LIMIT {
+            return Err(std::io::Error::other(format!(
+                "the chat template's output passes {TEMPLATE_OUTPUT_LIMIT} bytes"
+            )));
+        }
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
     }
 }
 

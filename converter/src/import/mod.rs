@@ -36,10 +36,9 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
         .parent()
         .filter(|p| !p.as_os_str().is_empty())
         .unwrap_or(Path::new("."));
-    std::fs::create_dir_all(parent)
-        .with_context(|| format!("cannot create {}", parent.display()))?;
     let name = out.file_name().context("output directory has no name")?;
-    let staging = Staging::create(parent.join(format!(".{}.partial", name.to_string_lossy())))?;
+    let staging_dir = parent.join(format!(".{}.partial", name.to_string_lossy()));
+    let staging = Staging::create(staging_dir, &[gguf_path])?;
 
     let mut tensors = Vec::with_capacity(gguf.tensors.len());
     for info in &gguf.tensors {
@@ -81,8 +80,17 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
         "tokenizer_config.json",
         tok.tokenizer_config_json(hp.context_length),
     )?;
-    staging.commit_as_dir(out)
+    staging.commit_as_dir(out, &WRITTEN)
 }
+
+/// The files an import writes: all an existing output directory may hold to be replaced.
+const WRITTEN: [&str; 5] = [
+    "model.safetensors",
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+];
 
 /// Dequantizes a tensor, undoes llama.cpp's q/k row permutation, rounds to bf16 (nearest
 /// even, as PyTorch's `.to(torch.bfloat16)`) and returns its little-endian bytes.

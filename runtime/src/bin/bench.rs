@@ -93,7 +93,7 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
         bail!("--depth {depth} leaves no room for tg128 in the model's {context}-position context");
     }
     let prefill = |n: usize| -> Result<f64> {
-        let mut cache = generator.new_cache(n);
+        let mut cache = generator.new_cache(n)?;
         let t = Instant::now();
         generator.forward_logits(&tokens(n), &mut cache, false)?;
         Ok(n as f64 / t.elapsed().as_secs_f64())
@@ -102,7 +102,7 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
     let pp512 = prefill(512)?;
     // tg128: 128 tokens one at a time after `depth` prompt tokens (none by default, as
     // llama-bench), greedy.
-    let mut cache = generator.new_cache(depth + 128);
+    let mut cache = generator.new_cache(depth + 128)?;
     if depth > 0 {
         generator.forward_logits(&tokens(depth), &mut cache, false)?;
     }

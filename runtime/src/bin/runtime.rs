@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use runtime::backend::KernelBackend;
 use runtime::generate::{GenerateOptions, Generation, Generator};
 use runtime::sampling::{SamplingParams, defaults};
+use runtime::files;
 use runtime::tokenizer::Tokenizer;
 use runtime::{BackendKind, FlexBackend, NdArrayBackend};
 use serde_json::json;
@@ -127,6 +128,11 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
         None => &cli.generate.common,
     };
     let threads = common.threads.map(usize::from);
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    if let Some(threads) = threads.filter(|&t| t > cores) {
+        // The decode threads spin while a token runs: more of them than cores only wait.
+        bail!("--threads {threads} is more than the {cores} cores this machine has");
+    }
     runtime::in_thread_pool(threads, || match common.backend {
         BackendKind::Flex => run_on::<FlexBackend>(&cli, started),
         BackendKind::Ndarray => run_on::<NdArrayBackend>(&cli, started),
@@ -145,18 +151,23 @@ fn load<B: KernelBackend>(dir: &Path) -> Result<(Generator<B>, Tokenizer)> {
     let device = Default::default();
     let generator = Generator::<B>::load(dir, &device)?;
     let tokenizer = Tokenizer::from_dir(dir)?;
+    tokenizer.check_fits(&generator.config)?;
     Ok((generator, tokenizer))
 }
 
-fn read_text(path: &Path) -> Result<String> {
-    let bytes = std::fs::read(path).with_context(|| format!("cannot read {}", path.display()))?;
-    String::from_utf8(bytes).map_err(|e| {
-        anyhow::anyhow!(
-            "{} is not valid UTF-8 (byte {})",
-            path.display(),
-            e.utf8_error().valid_up_to()
-        )
-    })
+/// The most bytes of text `tokens` tokens can cover: more is never tokenized whole.
+fn text_limit(tokenizer: &Tokenizer, tokens: usize) -> u64 {
+    (tokens as u64).saturating_mul(tokenizer.max_token_bytes() as u64)
+}
+
+/// Writes `line` to stdout. A reader that closed the pipe early (`| head`) is not an
+/// error: it has what it wanted.
+fn print_line(line: &str) -> Result<()> {
+    let mut stdout = std::io::stdout().lock();
+    match writeln!(stdout, "{line}").and_then(|()| stdout.flush()) {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        result => result.context("cannot write to stdout"),
+    }
 }
 
 fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<()> {
@@ -172,12 +183,24 @@ fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<(
     sampling
         .validate()
         .map_err(|e| anyhow::anyhow!("invalid option: {e}"))?;
+    if args.prompt.is_none() && args.prompt_file.is_none() {
+        bail!("give a prompt with --prompt TEXT or --prompt-file FILE");
+    }
+    let (generator, tokenizer) = load::<B>(&args.common.artifacts)?;
+    // A prompt longer than this cannot fit the context: refused before it is tokenized.
+    let context = generator.config.max_position_embeddings;
+    let limit = text_limit(&tokenizer, context);
     let prompt = match (&args.prompt, &args.prompt_file) {
         (Some(prompt), _) => prompt.clone(),
-        (None, Some(path)) => read_text(path)?,
-        (None, None) => bail!("give a prompt with --prompt TEXT or --prompt-file FILE"),
+        (None, Some(path)) => files::read_text_bounded(path, limit)?,
+        (None, None) => unreachable!("checked above"),
     };
-    let (generator, tokenizer) = load::<B>(&args.common.artifacts)?;
+    if prompt.len() as u64 > limit {
+        bail!(
+            "the prompt has {} bytes, more than the model's {context}-token context can hold",
+            prompt.len()
+        );
+    }
     let prompt_ids = if args.chat {
         tokenizer.encode_chat(args.system.as_deref(), &prompt)?
     } else {
@@ -202,7 +225,7 @@ fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<(
         }
     })?;
     if args.common.json {
-        println!("{}", generation_json(&generation, load_s));
+        print_line(&generation_json(&generation, load_s).to_string())?;
     } else {
         if !pipe_closed {
             writeln!(stdout).ok();
@@ -257,21 +280,24 @@ fn generation_json(g: &Generation, load_s: f64) -> serde_json::Value {
 }
 
 fn perplexity<B: KernelBackend>(args: &PerplexityArgs) -> Result<()> {
-    let text = read_text(&args.file)?;
     let (generator, tokenizer) = load::<B>(&args.common.artifacts)?;
-    let mut ids = tokenizer.encode(&text)?;
     let limit = args
         .max_tokens
         .map_or(generator.config.max_position_embeddings, |n| n as usize);
+    // Only the beginning that `limit` tokens can cover is read and tokenized, with a margin
+    // so that the cut never changes those tokens (a word split by it is past them).
+    let prefix = text_limit(&tokenizer, limit).saturating_add(64 << 10);
+    let text = files::read_text_prefix(&args.file, prefix)?;
+    let mut ids = tokenizer.encode(&text)?;
     ids.truncate(limit);
     let result = generator.perplexity(&ids)?;
     if args.common.json {
-        println!("{}", json!(result));
+        print_line(&json!(result).to_string())?;
     } else {
-        println!(
+        print_line(&format!(
             "tokens {} | mean nll {:.6} | perplexity {:.4}",
             result.tokens, result.nll, result.ppl
-        );
+        ))?;
     }
     Ok(())
 }

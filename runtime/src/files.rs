@@ -1,0 +1,143 @@
+//! Reading input files with a bound: regular files only (not a device, a FIFO or a
+//! directory, which could be read forever), and no more bytes than the file may hold, so
+//! what a file claims can't make us read or allocate without end.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+/// Errors reading a bounded input file.
+#[derive(Debug, thiserror::Error)]
+pub enum FileError {
+    #[error("cannot read {path}: {error}")]
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
+    #[error("{path} is not a regular file")]
+    NotRegular { path: PathBuf },
+    #[error("{path} has {bytes} bytes, more than the {limit} such a file may have")]
+    TooLarge {
+        path: PathBuf,
+        bytes: u64,
+        limit: u64,
+    },
+    #[error("{path} is not valid UTF-8 (byte {at})")]
+    NotUtf8 { path: PathBuf, at: usize },
+}
+
+impl FileError {
+    /// Whether the file does not exist (optional files may be absent).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, FileError::Io { error, .. } if error.kind() == std::io::ErrorKind::NotFound)
+    }
+}
+
+/// The bytes of the regular file `path`, refused if it has more than `limit`.
+pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, FileError> {
+    let io = |error| FileError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    let metadata = file.metadata().map_err(io)?;
+    if !metadata.is_file() {
+        return Err(FileError::NotRegular {
+            path: path.to_path_buf(),
+        });
+    }
+    check_size(path, metadata.len(), limit)?;
+    // The file may grow after the check: read one byte more than allowed to see it.
+    let mut bytes = Vec::with_capacity(metadata.len() as usize);
+    file.take(limit + 1).read_to_end(&mut bytes).map_err(io)?;
+    check_size(path, bytes.len() as u64, limit)?;
+    Ok(bytes)
+}
+
+/// The first `limit` bytes at most of the regular file `path`, cut back to whole UTF-8
+/// characters, for text whose beginning is all that is needed.
+pub fn read_text_prefix(path: &Path, limit: u64) -> Result<String, FileError> {
+    let io = |error| FileError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(FileError::NotRegular {
+            path: path.to_path_buf(),
+        });
+    }
+    let mut bytes = Vec::new();
+    let read = file.take(limit).read_to_end(&mut bytes).map_err(io)?;
+    let cut = read as u64 == limit;
+    match String::from_utf8(bytes) {
+        Ok(text) => Ok(text),
+        // A character cut by the limit is dropped; anything else is invalid text.
+        Err(e) if cut && e.utf8_error().error_len().is_none() => {
+            let valid = e.utf8_error().valid_up_to();
+            let mut bytes = e.into_bytes();
+            bytes.truncate(valid);
+            Ok(String::from_utf8(bytes).expect("valid up to here"))
+        }
+        Err(e) => Err(FileError::NotUtf8 {
+            path: path.to_path_buf(),
+            at: e.utf8_error().valid_up_to(),
+        }),
+    }
+}
+
+/// [`read_bounded`] as UTF-8 text.
+pub fn read_text_bounded(path: &Path, limit: u64) -> Result<String, FileError> {
+    String::from_utf8(read_bounded(path, limit)?).map_err(|e| FileError::NotUtf8 {
+        path: path.to_path_buf(),
+        at: e.utf8_error().valid_up_to(),
+    })
+}
+
+fn check_size(path: &Path, bytes: u64, limit: u64) -> Result<(), FileError> {
+    if bytes > limit {
+        return Err(FileError::TooLarge {
+            path: path.to_path_buf(),
+            bytes,
+            limit,
+        });
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn refuses_devices_fifos_and_large_files() {
+        let tmp = tempfile::tempdir().unwrap();
+        let big = tmp.path().join("big");
+        std::fs::write(&big, vec![b'x'; 100]).unwrap();
+        assert!(matches!(
+            read_bounded(&big, 99),
+            Err(FileError::TooLarge { bytes: 100, .. })
+        ));
+        assert_eq!(read_bounded(&big, 100).unwrap().len(), 100);
+        for device in ["/dev/zero", "/dev/urandom", "/tmp"] {
+            let err = read_bounded(Path::new(device), 1 << 20).unwrap_err();
+            assert!(matches!(err, FileError::NotRegular { .. }), "{device}: {err}");
+        }
+        let missing = read_bounded(&tmp.path().join("missing"), 1).unwrap_err();
+        assert!(missing.is_not_found());
+    }
+
+    #[test]
+    fn a_prefix_ends_on_a_whole_character() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("text");
+        std::fs::write(&path, "aé日本").unwrap(); // 1 + 2 + 3 + 3 bytes
+        assert_eq!(read_text_prefix(&path, 5).unwrap(), "aé");
+        assert_eq!(read_text_prefix(&path, 6).unwrap(), "aé日");
+        assert_eq!(read_text_prefix(&path, 100).unwrap(), "aé日本");
+        std::fs::write(&path, b"ok\xff rest").unwrap();
+        assert!(matches!(
+            read_text_prefix(&path, 100),
+            Err(FileError::NotUtf8 { at: 2, .. })
+        ));
+    }
+}

@@ -48,6 +48,8 @@ pub fn convert(src: &Path, out: &Path) -> Result<Manifest> {
             Err(e) => return Err(e.into()),
         }
     }
+    // The side files as the runtime will read them, checked before any weight is.
+    let tokenizer = check_side_files(src, &config)?;
     let checkpoint = Checkpoint::open(src)?;
     // Before the model is built: its size comes from config.json, which could claim any
     // number of layers.
@@ -63,8 +65,6 @@ pub fn convert(src: &Path, out: &Path) -> Result<Manifest> {
         staging.write(name, bytes)?;
         artifact_files.push(name.to_string());
     }
-    // The artifact's files as the runtime will read them, checked before any weight is.
-    let tokenizer = check_side_files(&staging.path(""), &config)?;
     let model = load_weights(model, &checkpoint, sources)?;
     save_record(model, &staging)?;
 

@@ -5,6 +5,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result};
 use runtime::artifact::{FileDigest, Probe};
+use runtime::files::open_regular;
 use runtime::tokenizer::{Tokenizer, TokenizerError};
 use sha2::{Digest, Sha256};
 
@@ -23,10 +24,7 @@ pub fn probe(tokenizer: &Tokenizer, text: &str) -> Result<Probe, TokenizerError>
 
 /// sha256 (lower-case hex) and size of a file, read in 1 MiB chunks.
 pub fn digest_file(path: &Path) -> std::io::Result<(String, u64)> {
-    let mut file = std::fs::File::open(path)?;
-    if !file.metadata()?.is_file() {
-        return Err(std::io::Error::other("not a regular file"));
-    }
+    let mut file = open_regular(path).map_err(std::io::Error::other)?;
     let mut hasher = Sha256::new();
     let mut buf = vec![0u8; 1 << 20];
     let mut bytes = 0u64;

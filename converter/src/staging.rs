@@ -34,7 +34,7 @@ impl Staging {
             for input in inputs {
                 if input.canonicalize().is_ok_and(|i| i.starts_with(&staging)) {
                     bail!(
-                        "{} is inside {}, which this command uses for its unfinished output",
+                        "the input {} lies in {}, where this command writes its unfinished output; choose another output directory",
                         input.display(),
                         dir.display()
                     );

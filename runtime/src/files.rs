@@ -38,13 +38,8 @@ pub fn read_bounded(path: &Path, limit: u64) -> Result<Vec<u8>, FileError> {
         path: path.to_path_buf(),
         error,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
+    let file = open_regular(path)?;
     let metadata = file.metadata().map_err(io)?;
-    if !metadata.is_file() {
-        return Err(FileError::NotRegular {
-            path: path.to_path_buf(),
-        });
-    }
     check_size(path, metadata.len(), limit)?;
     // The file may grow after the check: read one byte more than allowed to see it.
     let mut bytes = Vec::with_capacity(metadata.len() as usize);
@@ -60,12 +55,7 @@ pub fn read_text_prefix(path: &Path, limit: u64) -> Result<String, FileError> {
         path: path.to_path_buf(),
         error,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
-    if !file.metadata().map_err(io)?.is_file() {
-        return Err(FileError::NotRegular {
-            path: path.to_path_buf(),
-        });
-    }
+    let file = open_regular(path)?;
     let mut bytes = Vec::new();
     let read = file.take(limit).read_to_end(&mut bytes).map_err(io)?;
     let cut = read as u64 == limit;
@@ -91,6 +81,27 @@ pub fn read_text_bounded(path: &Path, limit: u64) -> Result<String, FileError> {
         path: path.to_path_buf(),
         at: e.utf8_error().valid_up_to(),
     })
+}
+
+/// Opens `path` if it is a regular file. Checked before opening too: opening a FIFO for
+/// reading waits for a writer, which may never come.
+pub fn open_regular(path: &Path) -> Result<std::fs::File, FileError> {
+    let io = |error| FileError::Io {
+        path: path.to_path_buf(),
+        error,
+    };
+    let not_regular = || FileError::NotRegular {
+        path: path.to_path_buf(),
+    };
+    if !std::fs::metadata(path).map_err(io)?.is_file() {
+        return Err(not_regular());
+    }
+    let file = std::fs::File::open(path).map_err(io)?;
+    // The path may have been replaced in between.
+    if !file.metadata().map_err(io)?.is_file() {
+        return Err(not_regular());
+    }
+    Ok(file)
 }
 
 fn check_size(path: &Path, bytes: u64, limit: u64) -> Result<(), FileError> {

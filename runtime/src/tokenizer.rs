@@ -78,25 +78,44 @@ impl Tokenizer {
     /// Loads `tokenizer.json` and, if present, `tokenizer_config.json` from `dir`.
     pub fn from_dir(dir: &Path) -> Result<Self, TokenizerError> {
         let path = dir.join(TOKENIZER_FILE);
-        let bytes = read_bounded(&path, TOKENIZER_LIMIT)?;
+        let tokenizer = read_bounded(&path, TOKENIZER_LIMIT)?;
+        let config_path = dir.join(TOKENIZER_CONFIG_FILE);
+        let config = match read_text_bounded(&config_path, TOKENIZER_CONFIG_LIMIT) {
+            Ok(text) => Some(text),
+            // Optional: without it there is no chat template.
+            Err(e) if e.is_not_found() => None,
+            Err(e) => return Err(e.into()),
+        };
+        Self::from_json(&tokenizer, config.as_deref()).map_err(|e| match e {
+            TokenizerError::Load { message, .. } => TokenizerError::Load {
+                path: path.display().to_string(),
+                message,
+            },
+            TokenizerError::Config { message, .. } => TokenizerError::Config {
+                path: config_path.display().to_string(),
+                message,
+            },
+            other => other,
+        })
+    }
+
+    /// A tokenizer from the contents of tokenizer.json and, if there is one,
+    /// tokenizer_config.json.
+    pub fn from_json(tokenizer: &[u8], config: Option<&str>) -> Result<Self, TokenizerError> {
         let load_error = |message: String| TokenizerError::Load {
-            path: path.display().to_string(),
+            path: TOKENIZER_FILE.into(),
             message,
         };
-        let inner = catch_quietly(|| tokenizers::Tokenizer::from_bytes(&bytes))
+        let inner = catch_quietly(|| tokenizers::Tokenizer::from_bytes(tokenizer))
             .map_err(&load_error)?
             .map_err(|e| load_error(e.to_string()))?;
-        let config_path = dir.join(TOKENIZER_CONFIG_FILE);
-        let config: TokenizerConfig =
-            match read_text_bounded(&config_path, TOKENIZER_CONFIG_LIMIT) {
-                Ok(text) => serde_json::from_str(&text).map_err(|e| TokenizerError::Config {
-                    path: config_path.display().to_string(),
-                    message: e.to_string(),
-                })?,
-                // Optional: without it there is no chat template.
-                Err(e) if e.is_not_found() => TokenizerConfig::default(),
-                Err(e) => return Err(e.into()),
-            };
+        let config: TokenizerConfig = match config {
+            Some(text) => serde_json::from_str(text).map_err(|e| TokenizerError::Config {
+                path: TOKENIZER_CONFIG_FILE.into(),
+                message: e.to_string(),
+            })?,
+            None => TokenizerConfig::default(),
+        };
         let text =
             |t: &Option<SpecialToken>| t.as_ref().map(|t| t.text().to_string()).unwrap_or_default();
         Ok(Self {

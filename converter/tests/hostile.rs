@@ -1,0 +1,864 @@
+//! The hostile-input corpus, round 2 (issue 15): for each class of input an adversarial
+//! pass found to panic, abort, hang, exhaust memory, read outside the artifact, or leave a
+//! stale artifact that verifies, at least three cases through the real binaries.
+//!
+//! Every case runs `converter` or `runtime` with its address space capped (a parser that
+//! believes a number in a file is stopped), a time limit (a hang fails the case instead of
+//! the suite), and must end as the case says: one `error:` line naming the problem and a
+//! non-zero exit, or success; never a panic or a signal.
+
+mod common;
+
+use std::ffi::OsString;
+use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::*;
+use serde_json::json;
+
+/// Address-space cap: the inputs are a few KB; a real mistake asks for gigabytes.
+const MEMORY_CAP: u64 = 2 << 30;
+/// Longest a case may run; every one takes well under a second when it works.
+const TIME_LIMIT: Duration = Duration::from_secs(60);
+
+#[derive(Clone, Copy)]
+enum Bin {
+    Converter,
+    Runtime,
+}
+
+enum Expect {
+    /// Non-zero exit, one `error:` line, and this in what it printed (`verify` lists each
+    /// problem on a line of its own before its error line).
+    Error(&'static str),
+    Success,
+}
+
+struct Case {
+    class: u32,
+    name: &'static str,
+    bin: Bin,
+    /// Writes the inputs under the given directory; returns the arguments.
+    setup: fn(&Path) -> Vec<OsString>,
+    expect: Expect,
+}
+
+/// What a capped, timed run gave.
+struct Outcome {
+    code: Option<i32>,
+    signal: Option<i32>,
+    stderr: String,
+    timed_out: bool,
+}
+
+fn binary(bin: Bin) -> PathBuf {
+    let converter = PathBuf::from(env!("CARGO_BIN_EXE_converter"));
+    match bin {
+        Bin::Converter => converter,
+        // `cargo test --workspace` builds every binary into the same directory.
+        Bin::Runtime => {
+            let runtime = converter.with_file_name("runtime");
+            assert!(
+                runtime.exists(),
+                "{} is missing: run the workspace's tests (`cargo test --workspace`)",
+                runtime.display()
+            );
+            runtime
+        }
+    }
+}
+
+/// Runs `bin` with `args` under the memory cap and the time limit; `close_stdout` closes
+/// the read end of its stdout at once, as `| head` does when it has read enough.
+fn run(bin: Bin, args: &[OsString], close_stdout: bool) -> Outcome {
+    let mut command = Command::new(binary(bin));
+    command
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(|| {
+            let limit = libc::rlimit {
+                rlim_cur: MEMORY_CAP,
+                rlim_max: MEMORY_CAP,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    let mut child = command.spawn().unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let stdout = if close_stdout {
+        drop(stdout);
+        None
+    } else {
+        Some(std::thread::spawn(move || read_all(stdout)))
+    };
+    let stderr = child.stderr.take().unwrap();
+    let stderr = std::thread::spawn(move || read_all(stderr));
+    let started = Instant::now();
+    let mut timed_out = false;
+    let status = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            break status;
+        }
+        if started.elapsed() > TIME_LIMIT {
+            timed_out = true;
+            child.kill().unwrap();
+            break child.wait().unwrap();
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    };
+    if let Some(stdout) = stdout {
+        stdout.join().unwrap();
+    }
+    Outcome {
+        code: status.code(),
+        signal: status.signal(),
+        stderr: stderr.join().unwrap(),
+        timed_out,
+    }
+}
+
+fn read_all(mut from: impl std::io::Read) -> String {
+    let mut bytes = Vec::new();
+    from.read_to_end(&mut bytes).ok();
+    String::from_utf8_lossy(&bytes).into_owned()
+}
+
+/// The problems with `outcome` for a case expecting `expect`, if any.
+fn judge(outcome: &Outcome, expect: &Expect) -> Option<String> {
+    if outcome.timed_out {
+        return Some(format!("still running after {TIME_LIMIT:?}"));
+    }
+    if let Some(signal) = outcome.signal {
+        return Some(format!("killed by signal {signal}: {}", outcome.stderr));
+    }
+    if outcome.stderr.contains("panicked") {
+        return Some(format!("panicked: {}", outcome.stderr));
+    }
+    let errors: Vec<&str> = outcome
+        .stderr
+        .lines()
+        .filter(|l| l.starts_with("error:"))
+        .collect();
+    match expect {
+        Expect::Success if outcome.code == Some(0) && errors.is_empty() => None,
+        Expect::Success => Some(format!("failed: {}", outcome.stderr)),
+        Expect::Error(_) if outcome.code == Some(0) => Some("succeeded".into()),
+        Expect::Error(_) if errors.len() != 1 => {
+            Some(format!("expected one error line: {:?}", outcome.stderr))
+        }
+        Expect::Error(expected) if !outcome.stderr.contains(expected) => {
+            Some(format!("{:?} lacks {expected:?}", outcome.stderr))
+        }
+        Expect::Error(_) => None,
+    }
+}
+
+fn args(items: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<OsString> {
+    items.iter().map(|a| a.as_ref().to_os_string()).collect()
+}
+
+// ---- Inputs ----
+
+/// A synthetic checkpoint in `dir/hf`, with `edit` applied to its config.json.
+fn checkpoint(dir: &Path, edit: impl FnOnce(&mut serde_json::Value)) -> PathBuf {
+    let src = dir.join("hf");
+    write_checkpoint(&src, TIED_BF16);
+    let mut config = config_json(true);
+    edit(&mut config);
+    write_json(&src.join("config.json"), &config);
+    src
+}
+
+/// That checkpoint converted into `dir/out`.
+fn artifact(dir: &Path) -> PathBuf {
+    let src = checkpoint(dir, |_| {});
+    let out = dir.join("out");
+    let run = converter(&[&"convert", &src, &out]);
+    assert!(run.success, "{}", run.stderr);
+    out
+}
+
+/// Replaces (or adds) the artifact file `name` and updates the manifest's list, sizes and
+/// digests, as someone editing an artifact by hand would: what the runtime then meets is
+/// the file itself, not a size mismatch.
+fn replace_in_artifact(out: &Path, name: &str, contents: &[u8]) {
+    std::fs::write(out.join(name), contents).unwrap();
+    relist(out, name);
+}
+
+/// Lists `name` in the artifact's manifest with its current digest.
+fn relist(out: &Path, name: &str) {
+    let path = out.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let digest = converter::digest::digests(out, std::iter::once(name.to_string())).unwrap();
+    let entry = serde_json::to_value(&digest[0]).unwrap();
+    let files = manifest["files"].as_array_mut().unwrap();
+    files.retain(|f| f["name"] != name);
+    files.push(entry);
+    std::fs::write(&path, serde_json::to_string_pretty(&manifest).unwrap()).unwrap();
+}
+
+fn runtime_args(out: &Path, extra: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<OsString> {
+    let mut all = args(&[&"--artifacts", &out, &"--temperature", &"0", &"--threads", &"1"]);
+    all.extend(args(extra));
+    all
+}
+
+fn tokenizer_with(edit: impl FnOnce(&mut serde_json::Value)) -> Vec<u8> {
+    let mut tokenizer = tokenizer_json();
+    edit(&mut tokenizer);
+    serde_json::to_vec(&tokenizer).unwrap()
+}
+
+/// A tokenizer.json whose pre-tokenizer's regex backtracks past Oniguruma's limit on runs
+/// of letters followed by no digits.
+fn backtracking_tokenizer() -> Vec<u8> {
+    tokenizer_with(|t| {
+        t["pre_tokenizer"] = json!({"type": "Sequence", "pretokenizers": [
+            {"type": "Split", "pattern": {"Regex": "([^\\d]+)+\\d{6}"}, "behavior": "Isolated",
+             "invert": false},
+            {"type": "Whitespace"}]});
+    })
+}
+
+/// A tokenizer.json with one more token than the model's 32 rows (the added token's id in
+/// the file is 40; the tokenizers library renumbers it to the next free id, 32).
+fn tokenizer_past_vocab() -> Vec<u8> {
+    tokenizer_with(|t| {
+        t["added_tokens"] = json!([{"id": 40, "content": "<x>", "single_word": false,
+            "lstrip": false, "rstrip": false, "normalized": false, "special": true}]);
+    })
+}
+
+fn tokenizer_config_with_template(template: &str) -> Vec<u8> {
+    serde_json::to_vec(&json!({"chat_template": template, "eos_token": "t2"})).unwrap()
+}
+
+/// Chat templates that never end, double a string until memory runs out, or recurse.
+const NESTED_LOOPS: &str = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+const DEEP_RECURSION: &str =
+    "{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}{% for m in messages %}{{ m.content }}{% endfor %}";
+const LONG_OUTPUT: &str = "{% for a in range(10000) %}{% for b in range(10000) %}xxxxxxxx{% endfor %}{% endfor %}";
+
+fn gguf_path(dir: &Path, bytes: Vec<u8>) -> PathBuf {
+    let path = dir.join("m.gguf");
+    std::fs::write(&path, bytes).unwrap();
+    path
+}
+
+fn fifo(path: &Path) {
+    let c = std::ffi::CString::new(path.as_os_str().as_encoded_bytes()).unwrap();
+    // SAFETY: a valid NUL-terminated path.
+    assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+}
+
+const CASES: &[Case] = &[
+    // 1. The artifact's parts disagree with each other.
+    Case {
+        class: 1,
+        name: "tokenizer ids past vocab_size are refused at conversion",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            std::fs::write(src.join("tokenizer.json"), tokenizer_past_vocab()).unwrap();
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("largest token id 32 is outside the model's vocabulary"),
+    },
+    Case {
+        class: 1,
+        name: "tokenizer ids past vocab_size in an artifact are refused at load",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            replace_in_artifact(&out, "tokenizer.json", &tokenizer_past_vocab());
+            runtime_args(&out, &[&"--prompt", &"t1 <x>"])
+        },
+        expect: Expect::Error("largest token id 32 is outside the model's vocabulary"),
+    },
+    Case {
+        class: 1,
+        name: "eos_token_id past vocab_size is refused at conversion",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| c["eos_token_id"] = json!([2, 99]));
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("eos_token_id 99 is outside"),
+    },
+    Case {
+        class: 1,
+        name: "a config.json with more layers than the record names the mismatch",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let mut config = config_json(true);
+            config["num_hidden_layers"] = json!(LAYERS + 1);
+            replace_in_artifact(&out, "config.json", &serde_json::to_vec(&config).unwrap());
+            runtime_args(&out, &[&"--prompt", &"t1"])
+        },
+        expect: Expect::Error("config.json and model.mpk disagree"),
+    },
+    Case {
+        class: 1,
+        name: "a config.json with a smaller MLP than the record names the tensor",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let mut config = config_json(true);
+            config["intermediate_size"] = json!(FFN - 4);
+            replace_in_artifact(&out, "config.json", &serde_json::to_vec(&config).unwrap());
+            runtime_args(&out, &[&"--prompt", &"t1"])
+        },
+        expect: Expect::Error("config.json implies"),
+    },
+    // 2. Tokenizer regexes that backtrack past Oniguruma's limit.
+    Case {
+        class: 2,
+        name: "backtracking pre-tokenizer at conversion (the probe)",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            std::fs::write(src.join("tokenizer.json"), backtracking_tokenizer()).unwrap();
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("retry-limit-in-match"),
+    },
+    Case {
+        class: 2,
+        name: "backtracking pre-tokenizer on a prompt",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            replace_in_artifact(&out, "tokenizer.json", &backtracking_tokenizer());
+            runtime_args(&out, &[&"--prompt", &"abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz"])
+        },
+        expect: Expect::Error("cannot tokenize"),
+    },
+    Case {
+        class: 2,
+        name: "backtracking pre-tokenizer on a perplexity file",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            replace_in_artifact(&out, "tokenizer.json", &backtracking_tokenizer());
+            let text = d.join("text.txt");
+            std::fs::write(&text, "abcdefghijklmnopqrstuvwxyz ".repeat(4)).unwrap();
+            let mut all = args(&[&"perplexity", &"--file", &text]);
+            all.extend(args(&[&"--artifacts", &out]));
+            all
+        },
+        expect: Expect::Error("cannot tokenize"),
+    },
+    // 3. GGUF tensor infos that repeat a name or share bytes.
+    Case {
+        class: 3,
+        name: "gguf: a tensor name given twice",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf()
+                .tensor("token_embd.weight", &[4, 3], 0, &[0; 48])
+                .build();
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("tensor token_embd.weight appears more than once"),
+    },
+    Case {
+        class: 3,
+        name: "gguf: two tensors on the same bytes",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf()
+                .tensor_info("blk.0.attn_k.weight", &[4, 3], 0, 0)
+                .build();
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("share data bytes"),
+    },
+    Case {
+        class: 3,
+        name: "gguf: 2000 tensors on the same bytes",
+        bin: Bin::Converter,
+        setup: |d| {
+            let mut gguf = tiny_gguf();
+            for i in 0..2000 {
+                gguf = gguf.tensor_info(&format!("blk.{i}.ffn_up.weight"), &[4, 3], 0, 0);
+            }
+            args(&[&"import-gguf", &gguf_path(d, gguf.build()), &d.join("out")])
+        },
+        expect: Expect::Error("share data bytes"),
+    },
+    // 5. Files left from an earlier conversion.
+    Case {
+        class: 5,
+        name: "a generation_config.json the manifest does not list",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            std::fs::write(out.join("generation_config.json"), r#"{"eos_token_id": 5}"#).unwrap();
+            runtime_args(&out, &[&"--prompt", &"t1"])
+        },
+        expect: Expect::Error("generation_config.json: not listed in manifest.json"),
+    },
+    Case {
+        class: 5,
+        name: "a tokenizer_config.json the manifest does not list fails verify",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = artifact(d);
+            std::fs::write(out.join("tokenizer_config.json"), tokenizer_config_with_template("x"))
+                .unwrap();
+            args(&[&"verify", &out])
+        },
+        expect: Expect::Error("does not match its manifest"),
+    },
+    Case {
+        class: 5,
+        name: "re-converting without generation_config.json removes the old one",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            std::fs::write(src.join("generation_config.json"), r#"{"eos_token_id": 3}"#).unwrap();
+            let out = d.join("out");
+            assert!(converter(&[&"convert", &src, &out]).success);
+            assert!(out.join("generation_config.json").exists());
+            std::fs::remove_file(src.join("generation_config.json")).unwrap();
+            assert!(converter(&[&"convert", &src, &out]).success);
+            assert!(!out.join("generation_config.json").exists());
+            args(&[&"verify", &out, &"--source", &src])
+        },
+        expect: Expect::Success,
+    },
+    // 6. Numbers in a file that would drive an allocation, checked before it.
+    Case {
+        class: 6,
+        name: "config.json claims a million layers at conversion",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| c["num_hidden_layers"] = json!(1_000_000));
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("config.json has 1000000 layers"),
+    },
+    Case {
+        class: 6,
+        name: "an artifact's config.json claims a million layers",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let mut config = config_json(true);
+            config["num_hidden_layers"] = json!(1_000_000);
+            replace_in_artifact(&out, "config.json", &serde_json::to_vec(&config).unwrap());
+            runtime_args(&out, &[&"--prompt", &"t1"])
+        },
+        expect: Expect::Error("config.json and model.mpk disagree"),
+    },
+    Case {
+        class: 6,
+        name: "a 50 MB prompt file is refused before it is tokenized",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let prompt = d.join("prompt.txt");
+            std::fs::write(&prompt, "t1 ".repeat((50 << 20) / 3)).unwrap();
+            runtime_args(&out, &[&"--prompt-file", &prompt])
+        },
+        expect: Expect::Error("more than the"),
+    },
+    Case {
+        class: 6,
+        name: "a 50 MB perplexity file: only its beginning is read",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let text = d.join("text.txt");
+            std::fs::write(&text, "t1 t5 t9 ".repeat((50 << 20) / 9)).unwrap();
+            let mut all = args(&[&"perplexity", &"--file", &text, &"--max-tokens", &"32"]);
+            all.extend(args(&[&"--artifacts", &out]));
+            all
+        },
+        expect: Expect::Success,
+    },
+    // 7. Inputs that never end.
+    Case {
+        class: 7,
+        name: "config.json is /dev/zero",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            std::fs::remove_file(src.join("config.json")).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", src.join("config.json")).unwrap();
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("is not a regular file"),
+    },
+    Case {
+        class: 7,
+        name: "the shard index is a FIFO",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            fifo(&src.join("model.safetensors.index.json"));
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("is not a regular file"),
+    },
+    Case {
+        class: 7,
+        name: "the manifest is /dev/urandom",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = artifact(d);
+            std::fs::remove_file(out.join("manifest.json")).unwrap();
+            std::os::unix::fs::symlink("/dev/urandom", out.join("manifest.json")).unwrap();
+            args(&[&"verify", &out])
+        },
+        expect: Expect::Error("is not a regular file"),
+    },
+    Case {
+        class: 7,
+        name: "the prompt file is a FIFO",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let prompt = d.join("prompt");
+            fifo(&prompt);
+            runtime_args(&out, &[&"--prompt-file", &prompt])
+        },
+        expect: Expect::Error("is not a regular file"),
+    },
+    Case {
+        class: 7,
+        name: "an artifact's config.json is /dev/zero",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            std::fs::remove_file(out.join("config.json")).unwrap();
+            std::os::unix::fs::symlink("/dev/zero", out.join("config.json")).unwrap();
+            runtime_args(&out, &[&"--prompt", &"t1"])
+        },
+        expect: Expect::Error("is not a regular file"),
+    },
+    // 8. Chat templates that run without end.
+    Case {
+        class: 8,
+        name: "template: nested loops, at conversion",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            std::fs::write(
+                src.join("tokenizer_config.json"),
+                tokenizer_config_with_template(NESTED_LOOPS),
+            )
+            .unwrap();
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("ran out of fuel"),
+    },
+    Case {
+        class: 8,
+        name: "template: endless recursion, at --chat",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            replace_in_artifact(
+                &out,
+                "tokenizer_config.json",
+                &tokenizer_config_with_template(DEEP_RECURSION),
+            );
+            runtime_args(&out, &[&"--prompt", &"t1", &"--chat"])
+        },
+        expect: Expect::Error("chat template"),
+    },
+    Case {
+        class: 8,
+        name: "template: 800 MB of output, in verify",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = artifact(d);
+            replace_in_artifact(
+                &out,
+                "tokenizer_config.json",
+                &tokenizer_config_with_template(LONG_OUTPUT),
+            );
+            args(&[&"verify", &out])
+        },
+        expect: Expect::Error("chat template"),
+    },
+    // 9. Manifest entries that are not the artifact's files.
+    Case {
+        class: 9,
+        name: "manifest: a path outside the artifact",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = artifact(d);
+            edit_manifest(&out, |m| {
+                m["files"].as_array_mut().unwrap()[0]["name"] = json!("../../etc/passwd");
+            });
+            args(&[&"verify", &out])
+        },
+        expect: Expect::Error("\"../../etc/passwd\", which is not an artifact file"),
+    },
+    Case {
+        class: 9,
+        name: "manifest: an absolute source path",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = artifact(d);
+            edit_manifest(&out, |m| {
+                m["source"].as_array_mut().unwrap()[0]["name"] = json!("/etc/shadow");
+            });
+            args(&[&"verify", &out, &"--source", &d.join("hf")])
+        },
+        expect: Expect::Error("source \"/etc/shadow\" is not a plain file name"),
+    },
+    Case {
+        class: 9,
+        name: "manifest: one file listed 1000 times",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = artifact(d);
+            edit_manifest(&out, |m| {
+                let first = m["files"][0].clone();
+                let files = m["files"].as_array_mut().unwrap();
+                files.extend(std::iter::repeat_n(first, 1000));
+            });
+            args(&[&"verify", &out])
+        },
+        expect: Expect::Error("twice"),
+    },
+    Case {
+        class: 9,
+        name: "manifest: no files, and a truncated record",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            edit_manifest(&out, |m| m["files"] = json!([]));
+            let record = std::fs::read(out.join("model.mpk")).unwrap();
+            std::fs::write(out.join("model.mpk"), &record[..record.len() / 2]).unwrap();
+            runtime_args(&out, &[&"--prompt", &"t1"])
+        },
+        expect: Expect::Error("does not list model.mpk"),
+    },
+    // 10. generation_config.json that the runtime would refuse.
+    Case {
+        class: 10,
+        name: "generation_config.json is not JSON",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            std::fs::write(src.join("generation_config.json"), "{ not json").unwrap();
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("generation_config.json is not valid"),
+    },
+    Case {
+        class: 10,
+        name: "generation_config.json eos_token_id of the wrong type",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            std::fs::write(src.join("generation_config.json"), r#"{"eos_token_id": "two"}"#)
+                .unwrap();
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("generation_config.json is not valid"),
+    },
+    Case {
+        class: 10,
+        name: "generation_config.json eos_token_id past vocab_size",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            std::fs::write(src.join("generation_config.json"), r#"{"eos_token_id": [2, 1000]}"#)
+                .unwrap();
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("eos_token_id 1000 is outside"),
+    },
+    // 12. Outputs that would delete what the converter did not write.
+    Case {
+        class: 12,
+        name: "import-gguf into a directory holding other files",
+        bin: Bin::Converter,
+        setup: |d| {
+            let gguf = gguf_path(d, tiny_gguf().build());
+            let out = d.join("mine");
+            std::fs::create_dir(&out).unwrap();
+            std::fs::write(out.join("notes.txt"), "keep me").unwrap();
+            args(&[&"import-gguf", &gguf, &out])
+        },
+        expect: Expect::Error("\"notes.txt\", which this command did not write"),
+    },
+    Case {
+        class: 12,
+        name: "import-gguf into the directory holding its input",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = d.join("models");
+            std::fs::create_dir(&out).unwrap();
+            let gguf = out.join("m.gguf");
+            std::fs::write(&gguf, tiny_gguf().build()).unwrap();
+            args(&[&"import-gguf", &gguf, &out])
+        },
+        expect: Expect::Error("\"m.gguf\", which this command did not write"),
+    },
+    Case {
+        class: 12,
+        name: "convert OUT/.partial OUT",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = d.join("out");
+            let src = out.join(".partial");
+            write_checkpoint(&src, TIED_BF16);
+            args(&[&"convert", &src, &out])
+        },
+        expect: Expect::Error("which this command uses for its unfinished output"),
+    },
+    // 13. Thread counts the machine can't run.
+    Case {
+        class: 13,
+        name: "--threads 1000",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let mut all = args(&[&"--artifacts", &out, &"--prompt", &"t1", &"--threads", &"1000"]);
+            all.extend(args(&[&"--max-new-tokens", &"2"]));
+            all
+        },
+        expect: Expect::Error("--threads 1000 is more than"),
+    },
+    Case {
+        class: 13,
+        name: "perplexity --threads 65535",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let text = d.join("text.txt");
+            std::fs::write(&text, "t1 t2 t3").unwrap();
+            args(&[&"perplexity", &"--file", &text, &"--artifacts", &out, &"--threads", &"65535"])
+        },
+        expect: Expect::Error("--threads 65535 is more than"),
+    },
+    Case {
+        class: 13,
+        name: "--threads 0",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            args(&[&"--artifacts", &out, &"--prompt", &"t1", &"--threads", &"0"])
+        },
+        expect: Expect::Error("--threads"),
+    },
+];
+
+fn edit_manifest(out: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
+    let path = out.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(&mut manifest);
+    std::fs::write(&path, serde_json::to_string_pretty(&manifest).unwrap()).unwrap();
+}
+
+#[test]
+fn every_hostile_input_ends_as_it_should() {
+    let mut problems = Vec::new();
+    for case in CASES {
+        let tmp = tempfile::tempdir().unwrap();
+        let args = (case.setup)(tmp.path());
+        let outcome = run(case.bin, &args, false);
+        if std::env::var_os("HOSTILE_VERBOSE").is_some() {
+            let last = outcome.stderr.lines().last().unwrap_or_default();
+            eprintln!("class {}, {}: {last}", case.class, case.name);
+        }
+        if let Some(problem) = judge(&outcome, &case.expect) {
+            problems.push(format!("class {}, {}: {problem}", case.class, case.name));
+        }
+    }
+    assert!(problems.is_empty(), "{}", problems.join("\n"));
+}
+
+/// 4. Output to a reader that closed early (`| head`): the runtime exits quietly, with
+/// success, not a panic (plain text, `--json`, `perplexity`, `perplexity --json`).
+#[test]
+fn output_to_a_closed_pipe_ends_quietly() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = artifact(tmp.path());
+    let text = tmp.path().join("text.txt");
+    std::fs::write(&text, "t1 t2 t3 t4 t5 t6").unwrap();
+    let perplexity = |extra: &[&str]| {
+        let mut all = args(&[&"perplexity", &"--file", &text, &"--artifacts", &out]);
+        all.extend(extra.iter().map(OsString::from));
+        all
+    };
+    for (name, args) in [
+        ("text", runtime_args(&out, &[&"--prompt", &"t1", &"--max-new-tokens", &"30"])),
+        ("--json", runtime_args(&out, &[&"--prompt", &"t1", &"--json"])),
+        ("perplexity", perplexity(&[])),
+        ("perplexity --json", perplexity(&["--json"])),
+    ] {
+        let outcome = run(Bin::Runtime, &args, true);
+        if let Some(problem) = judge(&outcome, &Expect::Success) {
+            panic!("{name}: {problem}");
+        }
+    }
+}
+
+/// 11. Conversions racing for one output directory: exactly one writes it at a time, a
+/// loser fails with one error line naming the directory (not a staging path), and the
+/// directory ends up with a complete artifact.
+#[test]
+fn racing_conversions_leave_one_complete_artifact() {
+    let tmp = tempfile::tempdir().unwrap();
+    let src = checkpoint(tmp.path(), |_| {});
+    let out = tmp.path().join("out");
+    for round in 0..3 {
+        let runs: Vec<_> = (0..4)
+            .map(|_| {
+                let (src, out) = (src.clone(), out.clone());
+                std::thread::spawn(move || run(Bin::Converter, &args(&[&"convert", &src, &out]), false))
+            })
+            .collect();
+        let outcomes: Vec<Outcome> = runs.into_iter().map(|r| r.join().unwrap()).collect();
+        let mut succeeded = 0;
+        for outcome in &outcomes {
+            if outcome.code == Some(0) {
+                succeeded += 1;
+                continue;
+            }
+            let problem = judge(outcome, &Expect::Error("another conversion is writing into"));
+            assert!(problem.is_none(), "round {round}: {problem:?}");
+            assert!(!outcome.stderr.contains(".partial"), "{}", outcome.stderr);
+        }
+        assert!(succeeded >= 1, "round {round}: no conversion finished");
+        assert!(converter(&[&"verify", &out, &"--source", &src]).success);
+        assert!(!out.join(".partial").exists());
+    }
+}
+
+/// 6. A KV cache sized by a config's context and a request's token count is refused
+/// before it is allocated when it can't fit in memory.
+#[test]
+fn an_oversized_kv_cache_is_an_error() {
+    let tmp = tempfile::tempdir().unwrap();
+    let out = artifact(tmp.path());
+    let generator = runtime::generate::Generator::<runtime::FlexBackend>::load(
+        &out,
+        &Default::default(),
+    )
+    .unwrap();
+    for positions in [1usize << 40, 1 << 50, usize::MAX / 64] {
+        let err = generator.new_cache(positions).map(|_| ()).unwrap_err();
+        assert!(err.to_string().contains("needs"), "{err}");
+    }
+}

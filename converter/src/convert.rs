@@ -15,9 +15,9 @@ use runtime::artifact::{
 };
 use runtime::config::{CONFIG_LIMIT, GenerationConfig, HfConfig, LlamaConfig, TokenIds};
 use runtime::files::read_bounded;
-use runtime::tokenizer::{TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer};
 use runtime::model::Llama;
 use runtime::params::params;
+use runtime::tokenizer::{TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer};
 use safetensors::Dtype;
 
 use crate::checkpoint::Checkpoint;
@@ -106,8 +106,14 @@ pub fn check_side_files(dir: &Path, config: &LlamaConfig) -> Result<Tokenizer> {
     special.extend(config.eos_token_ids.iter().map(|&id| ("eos_token_id", id)));
     if let Some(generation) = &generation {
         for (what, ids) in [
-            ("generation_config.json's bos_token_id", &generation.bos_token_id),
-            ("generation_config.json's eos_token_id", &generation.eos_token_id),
+            (
+                "generation_config.json's bos_token_id",
+                &generation.bos_token_id,
+            ),
+            (
+                "generation_config.json's eos_token_id",
+                &generation.eos_token_id,
+            ),
         ] {
             special.extend(ids.iter().flat_map(TokenIds::to_vec).map(|id| (what, id)));
         }

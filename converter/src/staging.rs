@@ -112,8 +112,7 @@ impl Staging {
     ) -> Result<()> {
         let (marker_name, marker_text) = marker;
         let marker_path = dest.join(marker_name);
-        for path in std::iter::once(marker_path.clone()).chain(stale.iter().map(|s| dest.join(s)))
-        {
+        for path in std::iter::once(marker_path.clone()).chain(stale.iter().map(|s| dest.join(s))) {
             match std::fs::remove_file(&path) {
                 Err(e) if e.kind() != std::io::ErrorKind::NotFound => {
                     return Err(e).with_context(|| format!("cannot remove {}", path.display()));

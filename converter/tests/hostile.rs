@@ -209,7 +209,14 @@ fn relist(out: &Path, name: &str) {
 }
 
 fn runtime_args(out: &Path, extra: &[&dyn AsRef<std::ffi::OsStr>]) -> Vec<OsString> {
-    let mut all = args(&[&"--artifacts", &out, &"--temperature", &"0", &"--threads", &"1"]);
+    let mut all = args(&[
+        &"--artifacts",
+        &out,
+        &"--temperature",
+        &"0",
+        &"--threads",
+        &"1",
+    ]);
     all.extend(args(extra));
     all
 }
@@ -245,10 +252,11 @@ fn tokenizer_config_with_template(template: &str) -> Vec<u8> {
 }
 
 /// Chat templates that never end, double a string until memory runs out, or recurse.
-const NESTED_LOOPS: &str = "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
-const DEEP_RECURSION: &str =
-    "{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}{% for m in messages %}{{ m.content }}{% endfor %}";
-const LONG_OUTPUT: &str = "{% for a in range(10000) %}{% for b in range(10000) %}xxxxxxxx{% endfor %}{% endfor %}";
+const NESTED_LOOPS: &str =
+    "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
+const DEEP_RECURSION: &str = "{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}{% for m in messages %}{{ m.content }}{% endfor %}";
+const LONG_OUTPUT: &str =
+    "{% for a in range(10000) %}{% for b in range(10000) %}xxxxxxxx{% endfor %}{% endfor %}";
 
 fn gguf_path(dir: &Path, bytes: Vec<u8>) -> PathBuf {
     let path = dir.join("m.gguf");
@@ -341,7 +349,13 @@ const CASES: &[Case] = &[
         setup: |d| {
             let out = artifact(d);
             replace_in_artifact(&out, "tokenizer.json", &backtracking_tokenizer());
-            runtime_args(&out, &[&"--prompt", &"abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz"])
+            runtime_args(
+                &out,
+                &[
+                    &"--prompt",
+                    &"abcdefghijklmnopqrstuvwxyzabcdefghijklmnopqrstuvwxyz",
+                ],
+            )
         },
         expect: Expect::Error("cannot tokenize"),
     },
@@ -416,8 +430,11 @@ const CASES: &[Case] = &[
         bin: Bin::Converter,
         setup: |d| {
             let out = artifact(d);
-            std::fs::write(out.join("tokenizer_config.json"), tokenizer_config_with_template("x"))
-                .unwrap();
+            std::fs::write(
+                out.join("tokenizer_config.json"),
+                tokenizer_config_with_template("x"),
+            )
+            .unwrap();
             args(&[&"verify", &out])
         },
         expect: Expect::Error("does not match its manifest"),
@@ -668,8 +685,11 @@ const CASES: &[Case] = &[
         bin: Bin::Converter,
         setup: |d| {
             let src = checkpoint(d, |_| {});
-            std::fs::write(src.join("generation_config.json"), r#"{"eos_token_id": "two"}"#)
-                .unwrap();
+            std::fs::write(
+                src.join("generation_config.json"),
+                r#"{"eos_token_id": "two"}"#,
+            )
+            .unwrap();
             args(&[&"convert", &src, &d.join("out")])
         },
         expect: Expect::Error("generation_config.json is not valid"),
@@ -680,8 +700,11 @@ const CASES: &[Case] = &[
         bin: Bin::Converter,
         setup: |d| {
             let src = checkpoint(d, |_| {});
-            std::fs::write(src.join("generation_config.json"), r#"{"eos_token_id": [2, 1000]}"#)
-                .unwrap();
+            std::fs::write(
+                src.join("generation_config.json"),
+                r#"{"eos_token_id": [2, 1000]}"#,
+            )
+            .unwrap();
             args(&[&"convert", &src, &d.join("out")])
         },
         expect: Expect::Error("eos_token_id 1000 is outside"),
@@ -732,7 +755,14 @@ const CASES: &[Case] = &[
         bin: Bin::Runtime,
         setup: |d| {
             let out = artifact(d);
-            let mut all = args(&[&"--artifacts", &out, &"--prompt", &"t1", &"--threads", &"1000"]);
+            let mut all = args(&[
+                &"--artifacts",
+                &out,
+                &"--prompt",
+                &"t1",
+                &"--threads",
+                &"1000",
+            ]);
             all.extend(args(&[&"--max-new-tokens", &"2"]));
             all
         },
@@ -746,7 +776,15 @@ const CASES: &[Case] = &[
             let out = artifact(d);
             let text = d.join("text.txt");
             std::fs::write(&text, "t1 t2 t3").unwrap();
-            args(&[&"perplexity", &"--file", &text, &"--artifacts", &out, &"--threads", &"65535"])
+            args(&[
+                &"perplexity",
+                &"--file",
+                &text,
+                &"--artifacts",
+                &out,
+                &"--threads",
+                &"65535",
+            ])
         },
         expect: Expect::Error("--threads 65535 is more than"),
     },
@@ -788,7 +826,7 @@ fn every_hostile_input_ends_as_it_should() {
     assert!(problems.is_empty(), "{}", problems.join("\n"));
 }
 
-/// 4. Output to a reader that closed early (`| head`): the runtime exits quietly, with
+/// Class 4, output to a reader that closed early (`| head`): the runtime exits quietly, with
 /// success, not a panic (plain text, `--json`, `perplexity`, `perplexity --json`).
 #[test]
 fn output_to_a_closed_pipe_ends_quietly() {
@@ -802,8 +840,14 @@ fn output_to_a_closed_pipe_ends_quietly() {
         all
     };
     for (name, args) in [
-        ("text", runtime_args(&out, &[&"--prompt", &"t1", &"--max-new-tokens", &"30"])),
-        ("--json", runtime_args(&out, &[&"--prompt", &"t1", &"--json"])),
+        (
+            "text",
+            runtime_args(&out, &[&"--prompt", &"t1", &"--max-new-tokens", &"30"]),
+        ),
+        (
+            "--json",
+            runtime_args(&out, &[&"--prompt", &"t1", &"--json"]),
+        ),
         ("perplexity", perplexity(&[])),
         ("perplexity --json", perplexity(&["--json"])),
     ] {
@@ -814,7 +858,7 @@ fn output_to_a_closed_pipe_ends_quietly() {
     }
 }
 
-/// 11. Conversions racing for one output directory: exactly one writes it at a time, a
+/// Class 11, conversions racing for one output directory: exactly one writes it at a time, a
 /// loser fails with one error line naming the directory (not a staging path), and the
 /// directory ends up with a complete artifact.
 #[test]
@@ -826,7 +870,9 @@ fn racing_conversions_leave_one_complete_artifact() {
         let runs: Vec<_> = (0..4)
             .map(|_| {
                 let (src, out) = (src.clone(), out.clone());
-                std::thread::spawn(move || run(Bin::Converter, &args(&[&"convert", &src, &out]), false))
+                std::thread::spawn(move || {
+                    run(Bin::Converter, &args(&[&"convert", &src, &out]), false)
+                })
             })
             .collect();
         let outcomes: Vec<Outcome> = runs.into_iter().map(|r| r.join().unwrap()).collect();
@@ -836,7 +882,10 @@ fn racing_conversions_leave_one_complete_artifact() {
                 succeeded += 1;
                 continue;
             }
-            let problem = judge(outcome, &Expect::Error("another conversion is writing into"));
+            let problem = judge(
+                outcome,
+                &Expect::Error("another conversion is writing into"),
+            );
             assert!(problem.is_none(), "round {round}: {problem:?}");
             assert!(!outcome.stderr.contains(".partial"), "{}", outcome.stderr);
         }
@@ -846,17 +895,15 @@ fn racing_conversions_leave_one_complete_artifact() {
     }
 }
 
-/// 6. A KV cache sized by a config's context and a request's token count is refused
+/// Class 6, a KV cache sized by a config's context and a request's token count is refused
 /// before it is allocated when it can't fit in memory.
 #[test]
 fn an_oversized_kv_cache_is_an_error() {
     let tmp = tempfile::tempdir().unwrap();
     let out = artifact(tmp.path());
-    let generator = runtime::generate::Generator::<runtime::FlexBackend>::load(
-        &out,
-        &Default::default(),
-    )
-    .unwrap();
+    let generator =
+        runtime::generate::Generator::<runtime::FlexBackend>::load(&out, &Default::default())
+            .unwrap();
     for positions in [1usize << 40, 1 << 50, usize::MAX / 64] {
         let err = generator.new_cache(positions).map(|_| ()).unwrap_err();
         assert!(err.to_string().contains("needs"), "{err}");

@@ -20,8 +20,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::config::{ConfigError, LlamaConfig};
 use crate::files::{FileError, read_text_bounded};
-use crate::panics::catch_quietly;
 use crate::model::Llama;
+use crate::panics::catch_quietly;
 use crate::params::params;
 
 /// The Burn record of the model's parameters.
@@ -249,8 +249,7 @@ pub fn load_model<B: Backend>(
     // Burn loads a record's tensors whatever their shapes; a mismatch would only surface
     // as a panic deep in a matmul, so compare with what config.json implies.
     let expected = params::<B, _>(&model);
-    let loaded =
-        catch_quietly(|| model.load_file(path.clone(), &ArtifactRecorder::new(), device));
+    let loaded = catch_quietly(|| model.load_file(path.clone(), &ArtifactRecorder::new(), device));
     let model = match loaded {
         Ok(Ok(model)) => model,
         Ok(Err(e)) => {

@@ -131,7 +131,10 @@ mod tests {
         assert_eq!(read_bounded(&big, 100).unwrap().len(), 100);
         for device in ["/dev/zero", "/dev/urandom", "/tmp"] {
             let err = read_bounded(Path::new(device), 1 << 20).unwrap_err();
-            assert!(matches!(err, FileError::NotRegular { .. }), "{device}: {err}");
+            assert!(
+                matches!(err, FileError::NotRegular { .. }),
+                "{device}: {err}"
+            );
         }
         let missing = read_bounded(&tmp.path().join("missing"), 1).unwrap_err();
         assert!(missing.is_not_found());

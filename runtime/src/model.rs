@@ -382,8 +382,8 @@ mod tests {
         let layer = model.layers.into_iter().next().expect("one layer");
         let positions = 90;
         for threads in [1, 2, 3, 5] {
-            let [mut fused_cache, mut composed_cache] =
-                [(); 2].map(|_| KvCache::new(&config, 1, positions, &device).expect("a small cache"));
+            let [mut fused_cache, mut composed_cache] = [(); 2]
+                .map(|_| KvCache::new(&config, 1, positions, &device).expect("a small cache"));
             for position in 0..positions {
                 let x = normal::<FlexBackend, 3>([1, 1, 64], position as u64);
                 let rope = fused_cache.rope_rows(1);

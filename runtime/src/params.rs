@@ -88,7 +88,10 @@ mod tests {
         assert_eq!(find("embed_tokens.weight").owner, "Embedding");
         assert_eq!(find("lm_head.weight").shape, vec![8, 10]);
         assert_eq!(found.len(), 3 + 2 * 9);
-        let total: usize = found.iter().map(|p| p.shape.iter().product::<usize>()).sum();
+        let total: usize = found
+            .iter()
+            .map(|p| p.shape.iter().product::<usize>())
+            .sum();
         assert_eq!(config.parameter_count(), total as u128);
     }
 }

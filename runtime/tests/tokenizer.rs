@@ -41,8 +41,7 @@ fn tokenizer() -> Option<Tokenizer> {
 #[test]
 fn encodes_as_tokenizers_and_llama_cpp_do() {
     let Some(tokenizer) = tokenizer() else { return };
-    let oracle: Oracle =
-        serde_json::from_str(include_str!("data/tokenizer_oracle.json")).unwrap();
+    let oracle: Oracle = serde_json::from_str(include_str!("data/tokenizer_oracle.json")).unwrap();
     assert!(oracle.cases.len() >= 250);
     let mut wrong = Vec::new();
     for case in &oracle.cases {
@@ -54,7 +53,12 @@ fn encodes_as_tokenizers_and_llama_cpp_do() {
             ));
         }
     }
-    assert!(wrong.is_empty(), "{} differ:\n{}", wrong.len(), wrong.join("\n"));
+    assert!(
+        wrong.is_empty(),
+        "{} differ:\n{}",
+        wrong.len(),
+        wrong.join("\n")
+    );
 }
 
 /// Byte-level BPE loses nothing: decoding gives the text back, for every case without
@@ -62,8 +66,7 @@ fn encodes_as_tokenizers_and_llama_cpp_do() {
 #[test]
 fn decodes_back_to_the_text() {
     let Some(tokenizer) = tokenizer() else { return };
-    let oracle: Oracle =
-        serde_json::from_str(include_str!("data/tokenizer_oracle.json")).unwrap();
+    let oracle: Oracle = serde_json::from_str(include_str!("data/tokenizer_oracle.json")).unwrap();
     let mut checked = 0;
     for case in oracle.cases.iter().filter(|c| !c.text.contains("<|")) {
         let decoded = tokenizer.decode(&case.tokenizers).unwrap();

@@ -746,7 +746,7 @@ const CASES: &[Case] = &[
             write_checkpoint(&src, TIED_BF16);
             args(&[&"convert", &src, &out])
         },
-        expect: Expect::Error("which this command uses for its unfinished output"),
+        expect: Expect::Error("where this command writes its unfinished output"),
     },
     // 13. Thread counts the machine can't run.
     Case {

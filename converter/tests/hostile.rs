@@ -10,7 +10,7 @@
 mod common;
 
 use std::ffi::OsString;
-use std::os::unix::process::{CommandExt, ExitStatusExt};
+use std::os::unix::process::ExitStatusExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -79,19 +79,7 @@ fn run(bin: Bin, args: &[OsString], close_stdout: bool) -> Outcome {
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: MEMORY_CAP,
-                rlim_max: MEMORY_CAP,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    cap_address_space(&mut command, MEMORY_CAP);
     let mut child = command.spawn().unwrap();
     let stdout = child.stdout.take().unwrap();
     let stdout = if close_stdout {

@@ -9,7 +9,6 @@
 
 mod common;
 
-use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -45,19 +44,7 @@ fn run_capped(args: &[PathOrStr]) -> (bool, String) {
             S(s) => command.arg(s),
         };
     }
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        command.pre_exec(|| {
-            let limit = libc::rlimit {
-                rlim_cur: MEMORY_CAP,
-                rlim_max: MEMORY_CAP,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
+    cap_address_space(&mut command, MEMORY_CAP);
     let out = command.output().unwrap();
     (
         out.status.success(),

@@ -2,7 +2,7 @@
 //! on Burn backends, the way Burn extends a backend with custom kernels
 //! (`examples/custom-*-kernel`). Each method takes tensors and has a default composed of
 //! ordinary tensor ops ([`reference`]); burn-flex overrides them with the slice kernels of
-//! [`crate::kernels`] ([`flex`]). burn-ndarray, kept for comparison, uses the defaults, which
+//! [`crate::kernels`] (`flex.rs`). burn-ndarray, kept for comparison, uses the defaults, which
 //! are also what the tests hold the kernels to.
 
 mod flex;

@@ -13,11 +13,12 @@ use runtime::artifact::{
     CONFIG_FILE, FORMAT_VERSION, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, Manifest,
     OPTIONAL_FILES, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
 };
+use runtime::chat::{ChatError, ChatRequest};
 use runtime::config::{CONFIG_LIMIT, GenerationConfig, HfConfig, LlamaConfig, TokenIds};
 use runtime::files::read_bounded;
 use runtime::model::Llama;
 use runtime::params::params;
-use runtime::tokenizer::{TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer};
+use runtime::tokenizer::{TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer, TokenizerError};
 use safetensors::Dtype;
 
 use crate::checkpoint::Checkpoint;
@@ -35,7 +36,7 @@ const SIDE_FILES: &[(&str, bool, u64)] = &[
 ];
 
 /// Converts the checkpoint in `src` into an artifact in `out` and returns its manifest.
-pub fn convert(src: &Path, out: &Path) -> Result<Manifest> {
+pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
     let hf = HfConfig::from_file(&src.join(CONFIG_FILE))?;
     let config = LlamaConfig::from_hf(&hf)?;
     // Each side file read once, within its bound; what is copied is what was checked.
@@ -49,7 +50,7 @@ pub fn convert(src: &Path, out: &Path) -> Result<Manifest> {
         }
     }
     // The side files as the runtime will read them, checked before any weight is.
-    let tokenizer = check_side_files(src, &config)?;
+    let tokenizer = check_side_files(src, &config, render)?;
     let checkpoint = Checkpoint::open(src)?;
     // Before the model is built: its size comes from config.json, which could claim any
     // number of layers.
@@ -93,14 +94,25 @@ pub fn convert(src: &Path, out: &Path) -> Result<Manifest> {
     Ok(manifest)
 }
 
+/// How a chat template is rendered to check it: `runtime::chat::render_isolated` in the
+/// binary (a child process with capped memory), `ChatRequest::render` where that is enough.
+pub type Render = dyn Fn(&ChatRequest) -> Result<String, ChatError>;
+
 /// Reads the artifact's side files in `dir` with the runtime's own readers and checks them
 /// against the model: generation_config.json parses, every id the tokenizer and the configs
-/// name is a row of the embedding, the chat template renders within its bounds. Returns the
-/// tokenizer.
-pub fn check_side_files(dir: &Path, config: &LlamaConfig) -> Result<Tokenizer> {
+/// name is a row of the embedding, the chat template renders (through `render`). Returns
+/// the tokenizer.
+pub fn check_side_files(dir: &Path, config: &LlamaConfig, render: &Render) -> Result<Tokenizer> {
     let generation = GenerationConfig::from_file(&dir.join(GENERATION_CONFIG_FILE))?;
     let tokenizer = Tokenizer::from_dir(dir)?;
     tokenizer.check_fits(config)?;
+    match tokenizer.chat_request(Some("You are a test."), "Hello") {
+        Ok(request) => {
+            render(&request)?;
+        }
+        Err(TokenizerError::NoChatTemplate) => {}
+        Err(e) => return Err(e.into()),
+    }
     let mut special: Vec<(&str, u32)> = Vec::new();
     special.extend(config.bos_token_id.map(|id| ("bos_token_id", id)));
     special.extend(config.eos_token_ids.iter().map(|&id| ("eos_token_id", id)));

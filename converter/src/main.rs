@@ -7,6 +7,7 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use converter::{convert, import, verify};
+use runtime::chat::{ChatError, ChatRequest};
 
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
@@ -33,6 +34,9 @@ enum Command {
         /// The artifact directory to write.
         out_dir: PathBuf,
     },
+    /// Internal: render a chat template request from stdin (see `runtime::chat`).
+    #[command(hide = true)]
+    RenderChat,
     /// Recompute an artifact's checksums and tokenizer probe and compare them with its
     /// manifest.json; names every file that differs.
     Verify {
@@ -54,9 +58,18 @@ fn main() -> ExitCode {
     }
 }
 
+/// Renders a chat template in a child process of this binary, with capped memory.
+fn render_isolated(request: &ChatRequest) -> Result<String, ChatError> {
+    let exe = std::env::current_exe().map_err(|e| ChatError::new(e.to_string()))?;
+    let mut command = std::process::Command::new(exe);
+    command.arg("render-chat");
+    runtime::chat::render_isolated(command, request)
+}
+
 fn run(cli: Cli) -> Result<ExitCode> {
     let started = Instant::now();
     match cli.command {
+        Command::RenderChat => runtime::chat::serve()?,
         Command::ImportGguf { gguf, out_dir } => {
             import::import_gguf(&gguf, &out_dir)?;
             eprintln!(
@@ -67,7 +80,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
         Command::Convert { hf_dir, out_dir } => {
-            let manifest = convert::convert(&hf_dir, &out_dir)?;
+            let manifest = convert::convert(&hf_dir, &out_dir, &render_isolated)?;
             let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
             eprintln!(
                 "converted {} into {} ({} files, {:.1} MB) in {:.1} s",
@@ -79,7 +92,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
         Command::Verify { out_dir, source } => {
-            let problems = verify::verify(&out_dir, source.as_deref())?;
+            let problems = verify::verify(&out_dir, source.as_deref(), &render_isolated)?;
             if !problems.is_empty() {
                 for problem in &problems {
                     eprintln!("mismatch: {problem}");

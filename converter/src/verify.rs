@@ -6,12 +6,12 @@ use anyhow::Result;
 use runtime::artifact::{CONFIG_FILE, FileDigest, Manifest, TOKENIZER_FILE};
 use runtime::config::LlamaConfig;
 
-use crate::convert::check_side_files;
+use crate::convert::{Render, check_side_files};
 use crate::digest::{digest_file, probe};
 
 /// Differences between the artifact in `out` (and, if given, the checkpoint in `src`) and
 /// the manifest, one line each; empty when everything matches.
-pub fn verify(out: &Path, src: Option<&Path>) -> Result<Vec<String>> {
+pub fn verify(out: &Path, src: Option<&Path>, render: &Render) -> Result<Vec<String>> {
     let manifest = Manifest::read(out)?;
     let mut problems = Vec::new();
     if let Err(e) = manifest.check_files(out) {
@@ -41,7 +41,7 @@ pub fn verify(out: &Path, src: Option<&Path>) -> Result<Vec<String>> {
     let config = LlamaConfig::from_file(&out.join(CONFIG_FILE));
     let tokenizer = config
         .map_err(anyhow::Error::from)
-        .and_then(|config| check_side_files(out, &config));
+        .and_then(|config| check_side_files(out, &config, render));
     let tokenizer = match tokenizer {
         Ok(tokenizer) => tokenizer,
         Err(e) => {

@@ -243,6 +243,10 @@ fn tokenizer_config_with_template(template: &str) -> Vec<u8> {
 const NESTED_LOOPS: &str =
     "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}";
 const DEEP_RECURSION: &str = "{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}{% for m in messages %}{{ m.content }}{% endfor %}";
+/// A string doubled in a namespace 40 times: a few hundred instructions, a terabyte.
+const DOUBLING: &str = "{% set ns = namespace(s='0123456789abcdef') %}{% for i in range(40) %}{% set ns.s = ns.s ~ ns.s %}{% endfor %}{{ ns.s|length }}";
+/// The same through a recursive macro: stopped by the recursion limit before memory runs out.
+const DOUBLING_MACRO: &str = "{% macro d(s, n) %}{% if n > 0 %}{{ d(s ~ s, n - 1) }}{% else %}{{ s|length }}{% endif %}{% endmacro %}{{ d('x' * 100000, 14) }}";
 const LONG_OUTPUT: &str =
     "{% for a in range(10000) %}{% for b in range(10000) %}xxxxxxxx{% endfor %}{% endfor %}";
 
@@ -599,6 +603,66 @@ const CASES: &[Case] = &[
             args(&[&"verify", &out])
         },
         expect: Expect::Error("chat template"),
+    },
+    Case {
+        class: 8,
+        name: "template: a string doubled in a namespace, at conversion",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |_| {});
+            std::fs::write(
+                src.join("tokenizer_config.json"),
+                tokenizer_config_with_template(DOUBLING),
+            )
+            .unwrap();
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("needed more than 1024 MiB of memory"),
+    },
+    Case {
+        class: 8,
+        name: "template: a string doubled in a namespace, at --chat",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            replace_in_artifact(
+                &out,
+                "tokenizer_config.json",
+                &tokenizer_config_with_template(DOUBLING),
+            );
+            runtime_args(&out, &[&"--prompt", &"t1", &"--chat"])
+        },
+        expect: Expect::Error("needed more than 1024 MiB of memory"),
+    },
+    Case {
+        class: 8,
+        name: "template: a string doubled by a recursive macro, in verify",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = artifact(d);
+            replace_in_artifact(
+                &out,
+                "tokenizer_config.json",
+                &tokenizer_config_with_template(DOUBLING_MACRO),
+            );
+            args(&[&"verify", &out])
+        },
+        expect: Expect::Error("recursion limit exceeded"),
+    },
+    Case {
+        class: 8,
+        name: "template: a string doubled in a namespace, in verify",
+        bin: Bin::Converter,
+        setup: |d| {
+            let out = artifact(d);
+            replace_in_artifact(
+                &out,
+                "tokenizer_config.json",
+                &tokenizer_config_with_template(DOUBLING),
+            );
+            args(&[&"verify", &out])
+        },
+        expect: Expect::Error("needed more than 1024 MiB of memory"),
     },
     // 9. Manifest entries that are not the artifact's files.
     Case {

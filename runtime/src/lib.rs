@@ -36,6 +36,7 @@
 pub mod artifact;
 pub mod backend;
 pub mod cache;
+pub mod chat;
 pub mod config;
 pub mod files;
 pub mod generate;

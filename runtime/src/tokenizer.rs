@@ -5,6 +5,7 @@ use std::path::Path;
 use serde::Deserialize;
 
 use crate::artifact::{TOKENIZER_CONFIG_FILE, TOKENIZER_FILE};
+use crate::chat::{ChatError, ChatRequest, Message};
 use crate::config::{ConfigError, LlamaConfig};
 use crate::files::{FileError, read_bounded, read_text_bounded};
 use crate::panics::catch_quietly;
@@ -13,13 +14,6 @@ use crate::panics::catch_quietly;
 pub const TOKENIZER_LIMIT: u64 = 64 << 20;
 /// Largest tokenizer_config.json we read (chat templates and added-token tables included).
 pub const TOKENIZER_CONFIG_LIMIT: u64 = 16 << 20;
-
-/// Bounds on rendering a chat template, which comes with the model: enough for any real
-/// template over a long conversation, far too little to hang or exhaust memory.
-const TEMPLATE_FUEL: u64 = 1_000_000;
-const TEMPLATE_RECURSION: usize = 64;
-/// Most bytes a rendered chat may have.
-pub const TEMPLATE_OUTPUT_LIMIT: usize = 16 << 20;
 
 /// Errors loading or using the tokenizer.
 #[derive(Debug, thiserror::Error)]
@@ -38,8 +32,8 @@ pub enum TokenizerError {
     Config { path: String, message: String },
     #[error("--chat needs a chat_template in {TOKENIZER_CONFIG_FILE}, and this model has none")]
     NoChatTemplate,
-    #[error("cannot render the chat template: {0}")]
-    Template(String),
+    #[error(transparent)]
+    Chat(#[from] ChatError),
 }
 
 /// The keys of tokenizer_config.json we use. Special tokens are strings in most files and
@@ -141,14 +135,11 @@ impl Tokenizer {
         vocab.keys().map(String::len).max().unwrap_or(1).max(1)
     }
 
-    /// Checks that this tokenizer fits the model of `config`: every id it can produce is a
-    /// row of the embedding, and its chat template, if any, renders within its bounds.
+    /// Checks that every id this tokenizer can produce is a row of the embedding of the
+    /// model of `config`.
     pub fn check_fits(&self, config: &LlamaConfig) -> Result<(), TokenizerError> {
         config.check_token_id(self.max_id(), "the tokenizer's largest token id")?;
-        match self.render_chat(Some("You are a test."), "Hello") {
-            Ok(_) | Err(TokenizerError::NoChatTemplate) => Ok(()),
-            Err(e) => Err(e),
-        }
+        Ok(())
     }
 
     /// Token ids of `text`, with whatever special tokens the tokenizer's post-processor adds
@@ -178,46 +169,44 @@ impl Tokenizer {
         system: Option<&str>,
         user: &str,
     ) -> Result<Vec<u32>, TokenizerError> {
-        let rendered = self.render_chat(system, user)?;
-        // The template already wrote the special tokens.
-        self.encode_with(&rendered, false)
+        self.encode_rendered(&self.render_chat(system, user)?)
     }
 
-    /// The chat template's text for one turn.
+    /// The chat template's text for one turn, rendered in this process (see [`crate::chat`]
+    /// for what that bounds).
     pub fn render_chat(&self, system: Option<&str>, user: &str) -> Result<String, TokenizerError> {
+        Ok(self.chat_request(system, user)?.render()?)
+    }
+
+    /// A one-turn chat (optional system message, one user message) for the model's chat
+    /// template.
+    pub fn chat_request(
+        &self,
+        system: Option<&str>,
+        user: &str,
+    ) -> Result<ChatRequest, TokenizerError> {
         let template = self
             .chat_template
-            .as_deref()
+            .clone()
             .ok_or(TokenizerError::NoChatTemplate)?;
-        let mut messages = Vec::new();
-        if let Some(system) = system {
-            messages.push(minijinja::context! { role => "system", content => system });
-        }
-        messages.push(minijinja::context! { role => "user", content => user });
-        let mut env = minijinja::Environment::new();
-        // Hugging Face templates are written for Jinja2 as transformers runs it
-        // (`trim_blocks=True, lstrip_blocks=True`).
-        env.set_trim_blocks(true);
-        env.set_lstrip_blocks(true);
-        // The template comes with the model: bound its work and its output.
-        env.set_fuel(Some(TEMPLATE_FUEL));
-        env.set_recursion_limit(TEMPLATE_RECURSION);
-        env.add_template("chat", template)
-            .map_err(|e| TokenizerError::Template(e.to_string()))?;
-        let context = minijinja::context! {
-            messages => messages,
-            add_generation_prompt => true,
-            bos_token => self.bos_token,
-            eos_token => self.eos_token,
+        let message = |role: &str, content: &str| Message {
+            role: role.into(),
+            content: content.into(),
         };
-        let mut out = LimitedOutput(Vec::new());
-        let template = env
-            .get_template("chat")
-            .map_err(|e| TokenizerError::Template(e.to_string()))?;
-        template
-            .render_captured_to(context, &mut out)
-            .map_err(|e| TokenizerError::Template(e.to_string()))?;
-        String::from_utf8(out.0).map_err(|e| TokenizerError::Template(e.to_string()))
+        let mut messages = Vec::new();
+        messages.extend(system.map(|system| message("system", system)));
+        messages.push(message("user", user));
+        Ok(ChatRequest {
+            template,
+            bos_token: self.bos_token.clone(),
+            eos_token: self.eos_token.clone(),
+            messages,
+        })
+    }
+
+    /// Token ids of a rendered chat, which already holds its special tokens.
+    pub fn encode_rendered(&self, rendered: &str) -> Result<Vec<u32>, TokenizerError> {
+        self.encode_with(rendered, false)
     }
 
     /// Text of `ids`, special tokens left out.
@@ -232,25 +221,6 @@ impl Tokenizer {
         TextStream {
             inner: self.inner.decode_stream(true),
         }
-    }
-}
-
-/// The rendered chat, refused past [`TEMPLATE_OUTPUT_LIMIT`] bytes.
-struct LimitedOutput(Vec<u8>);
-
-impl std::io::Write for LimitedOutput {
-    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
-        if self.0.len() + bytes.len() > TEMPLATE_OUTPUT_LIMIT {
-            return Err(std::io::Error::other(format!(
-                "the chat template's output passes {TEMPLATE_OUTPUT_LIMIT} bytes"
-            )));
-        }
-        self.0.extend_from_slice(bytes);
-        Ok(bytes.len())
-    }
-
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
     }
 }
 

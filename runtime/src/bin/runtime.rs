@@ -33,6 +33,9 @@ struct Cli {
 enum Command {
     /// Perplexity of a text file: mean next-token negative log-likelihood (no BOS added).
     Perplexity(PerplexityArgs),
+    /// Internal: render a chat template request from stdin (see `runtime::chat`).
+    #[command(hide = true)]
+    RenderChat,
 }
 
 #[derive(Args)]
@@ -125,6 +128,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli, started: Instant) -> Result<()> {
     let common = match &cli.command {
         Some(Command::Perplexity(args)) => &args.common,
+        Some(Command::RenderChat) => return Ok(runtime::chat::serve()?),
         None => &cli.generate.common,
     };
     let threads = common.threads.map(usize::from);
@@ -143,6 +147,7 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
 fn run_on<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<()> {
     match &cli.command {
         Some(Command::Perplexity(args)) => perplexity::<B>(args),
+        Some(Command::RenderChat) => unreachable!("served before the thread pool starts"),
         None => generate::<B>(&cli.generate, started),
     }
 }
@@ -202,7 +207,13 @@ fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<(
         );
     }
     let prompt_ids = if args.chat {
-        tokenizer.encode_chat(args.system.as_deref(), &prompt)?
+        // In a child process: the template comes with the model, and memory is the one
+        // thing rendering it in this process can't bound.
+        let request = tokenizer.chat_request(args.system.as_deref(), &prompt)?;
+        let exe = std::env::current_exe().context("cannot find this program")?;
+        let mut command = std::process::Command::new(exe);
+        command.arg("render-chat");
+        tokenizer.encode_rendered(&runtime::chat::render_isolated(command, &request)?)?
     } else {
         tokenizer.encode(&prompt)?
     };

@@ -1,0 +1,199 @@
+//! Rendering a model's chat template, and doing it behind a process boundary.
+//!
+//! The template comes with the model, so it is input: it runs with fuel (instructions), a
+//! recursion limit and an output limit. Those bound time and output but not memory: a
+//! template that doubles a string in a `namespace` across a loop needs only a few dozen
+//! instructions to ask for terabytes, and minijinja has no memory limit. [`render_isolated`]
+//! renders in a child process with a capped address space and a time limit, so such a
+//! template ends in an error, not in an abort of the process that loaded the model; the
+//! binaries use it, and each answers the child's side with a hidden `render-chat` command
+//! that calls [`serve`].
+
+use std::io::{Read, Write};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use serde::{Deserialize, Serialize};
+
+/// Bounds on one rendering: enough for any real template over a long conversation, far too
+/// little to hang or exhaust memory.
+const FUEL: u64 = 1_000_000;
+const RECURSION: usize = 64;
+/// Most bytes a rendered chat may have.
+pub const OUTPUT_LIMIT: usize = 16 << 20;
+/// Address space and time the child rendering a template gets.
+const CHILD_MEMORY: u64 = 1 << 30;
+const CHILD_TIME: Duration = Duration::from_secs(20);
+
+/// Why a chat could not be rendered.
+#[derive(Debug, thiserror::Error)]
+#[error("cannot render the chat template: {0}")]
+pub struct ChatError(String);
+
+impl ChatError {
+    pub fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+/// One message of a chat.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct Message {
+    pub role: String,
+    pub content: String,
+}
+
+/// A chat template with what it is rendered over.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct ChatRequest {
+    pub template: String,
+    pub bos_token: String,
+    pub eos_token: String,
+    pub messages: Vec<Message>,
+}
+
+impl ChatRequest {
+    /// The template's text for these messages and `add_generation_prompt`, as transformers'
+    /// `apply_chat_template` renders it, in this process (see the module docs for what that
+    /// bounds and what it does not).
+    pub fn render(&self) -> Result<String, ChatError> {
+        let error = |e: minijinja::Error| ChatError(e.to_string());
+        let mut env = minijinja::Environment::new();
+        // Hugging Face templates are written for Jinja2 as transformers runs it
+        // (`trim_blocks=True, lstrip_blocks=True`).
+        env.set_trim_blocks(true);
+        env.set_lstrip_blocks(true);
+        env.set_fuel(Some(FUEL));
+        env.set_recursion_limit(RECURSION);
+        env.add_template("chat", &self.template).map_err(error)?;
+        let context = minijinja::context! {
+            messages => self.messages,
+            add_generation_prompt => true,
+            bos_token => self.bos_token,
+            eos_token => self.eos_token,
+        };
+        let mut out = LimitedOutput(Vec::new());
+        let template = env.get_template("chat").map_err(error)?;
+        template
+            .render_captured_to(context, &mut out)
+            .map_err(error)?;
+        String::from_utf8(out.0).map_err(|e| ChatError(e.to_string()))
+    }
+}
+
+/// Renders `request` in a child process started by `command` (a binary whose hidden
+/// `render-chat` command calls [`serve`]), with its address space capped and a time limit.
+pub fn render_isolated(mut command: Command, request: &ChatRequest) -> Result<String, ChatError> {
+    let failed = |what: String| ChatError(what);
+    command
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    cap_address_space(&mut command, CHILD_MEMORY);
+    let mut child = command
+        .spawn()
+        .map_err(|e| failed(format!("cannot start the renderer: {e}")))?;
+    let request = serde_json::to_vec(request).expect("a request always serializes");
+    let mut stdin = child.stdin.take().expect("piped");
+    let writer = std::thread::spawn(move || stdin.write_all(&request));
+    let read = |from: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(from) = from {
+                from.take(OUTPUT_LIMIT as u64 + 1)
+                    .read_to_end(&mut bytes)
+                    .ok();
+            }
+            bytes
+        })
+    };
+    let stdout = read(child.stdout.take().map(|s| Box::new(s) as _));
+    let stderr = read(child.stderr.take().map(|s| Box::new(s) as _));
+    let started = Instant::now();
+    let status = loop {
+        match child.try_wait() {
+            Ok(Some(status)) => break status,
+            Ok(None) if started.elapsed() < CHILD_TIME => {
+                std::thread::sleep(Duration::from_millis(2));
+            }
+            _ => {
+                child.kill().ok();
+                child.wait().ok();
+                return Err(failed(format!("it ran longer than {CHILD_TIME:?}")));
+            }
+        }
+    };
+    writer.join().ok();
+    let (stdout, stderr) = (
+        stdout.join().unwrap_or_default(),
+        stderr.join().unwrap_or_default(),
+    );
+    if status.success() {
+        return String::from_utf8(stdout).map_err(|e| failed(e.to_string()));
+    }
+    let message = String::from_utf8_lossy(&stderr);
+    match message.lines().find_map(|l| l.strip_prefix("error: ")) {
+        // The child's own error, already saying what went wrong.
+        Some(line) => Err(failed(
+            line.trim_start_matches("cannot render the chat template: ")
+                .to_string(),
+        )),
+        None => Err(failed(format!(
+            "it needed more than {} MiB of memory",
+            CHILD_MEMORY >> 20
+        ))),
+    }
+}
+
+/// The child's side of [`render_isolated`]: a request on stdin, the rendered text on
+/// stdout.
+pub fn serve() -> Result<(), ChatError> {
+    let mut request = Vec::new();
+    std::io::stdin()
+        .take(64 << 20)
+        .read_to_end(&mut request)
+        .map_err(|e| ChatError(e.to_string()))?;
+    let request: ChatRequest =
+        serde_json::from_slice(&request).map_err(|e| ChatError(e.to_string()))?;
+    let text = request.render()?;
+    std::io::stdout()
+        .write_all(text.as_bytes())
+        .map_err(|e| ChatError(e.to_string()))
+}
+
+/// Caps the address space of the process `command` starts at `bytes`.
+fn cap_address_space(command: &mut Command, bytes: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: bytes,
+                rlim_max: bytes,
+            };
+            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// The rendered chat, refused past [`OUTPUT_LIMIT`] bytes.
+struct LimitedOutput(Vec<u8>);
+
+impl Write for LimitedOutput {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        if self.0.len() + bytes.len() > OUTPUT_LIMIT {
+            return Err(std::io::Error::other(format!(
+                "the output passes {OUTPUT_LIMIT} bytes"
+            )));
+        }
+        self.0.extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}

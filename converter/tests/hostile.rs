@@ -16,6 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use runtime::chat::cap_address_space;
 use serde_json::json;
 
 /// Address-space cap: the inputs are a few KB; a real mistake asks for gigabytes.
@@ -960,4 +961,46 @@ fn an_oversized_kv_cache_is_an_error() {
         let err = generator.new_cache(positions).map(|_| ()).unwrap_err();
         assert!(err.to_string().contains("needs"), "{err}");
     }
+}
+
+/// Class 11, a conversion or import into a directory another run holds: refused at once,
+/// naming the directory, and the holder's output untouched.
+#[test]
+fn a_locked_output_directory_is_refused() {
+    use std::os::fd::AsRawFd;
+    let tmp = tempfile::tempdir().unwrap();
+    let out = artifact(tmp.path());
+    let src = tmp.path().join("hf");
+    let gguf = gguf_path(tmp.path(), tiny_gguf().build());
+    let models = tmp.path().join("models");
+    std::fs::create_dir(&models).unwrap();
+    for (dir, args) in [
+        (&out, args(&[&"convert", &src, &out])),
+        (
+            &models,
+            args(&[&"import-gguf", &gguf, &models.join("tiny")]),
+        ),
+    ] {
+        // Held as a running conversion holds it.
+        let held = std::fs::File::open(dir).unwrap();
+        // SAFETY: flock on a descriptor this test owns.
+        assert_eq!(
+            unsafe { libc::flock(held.as_raw_fd(), libc::LOCK_EX | libc::LOCK_NB) },
+            0
+        );
+        let outcome = run(Bin::Converter, &args, false);
+        let problem = judge(
+            &outcome,
+            &Expect::Error("another conversion is writing into"),
+        );
+        assert!(problem.is_none(), "{}: {problem:?}", dir.display());
+        drop(held);
+        let outcome = run(Bin::Converter, &args, false);
+        assert!(
+            judge(&outcome, &Expect::Success).is_none(),
+            "{}",
+            outcome.stderr
+        );
+    }
+    assert!(converter(&[&"verify", &out, &"--source", &src]).success);
 }

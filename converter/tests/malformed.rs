@@ -15,6 +15,7 @@ use std::process::Command;
 use common::*;
 use runtime::FlexBackend;
 use runtime::artifact::load_model;
+use runtime::chat::cap_address_space;
 use safetensors::Dtype;
 use serde_json::json;
 

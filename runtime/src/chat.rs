@@ -161,8 +161,9 @@ pub fn serve() -> Result<(), ChatError> {
         .map_err(|e| ChatError(e.to_string()))
 }
 
-/// Caps the address space of the process `command` starts at `bytes`.
-fn cap_address_space(command: &mut Command, bytes: u64) {
+/// Caps the address space of the process `command` starts at `bytes`, so a child that
+/// believes a size in its input is stopped instead of taking the machine's memory.
+pub fn cap_address_space(command: &mut Command, bytes: u64) {
     use std::os::unix::process::CommandExt;
     // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
     unsafe {

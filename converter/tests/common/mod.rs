@@ -187,25 +187,6 @@ pub fn converter(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Run {
     }
 }
 
-/// Caps `command`'s address space at `bytes`, so a child that believes a size in its input
-/// is stopped instead of taking the machine's memory.
-pub fn cap_address_space(command: &mut Command, bytes: u64) {
-    use std::os::unix::process::CommandExt;
-    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
-    unsafe {
-        command.pre_exec(move || {
-            let limit = libc::rlimit {
-                rlim_cur: bytes,
-                rlim_max: bytes,
-            };
-            if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
-                return Err(std::io::Error::last_os_error());
-            }
-            Ok(())
-        });
-    }
-}
-
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()

@@ -7,7 +7,6 @@ use std::time::Instant;
 use anyhow::Result;
 use clap::{Parser, Subcommand};
 use converter::{convert, import, verify};
-use runtime::chat::{ChatError, ChatRequest};
 
 #[derive(Parser)]
 #[command(version, about, long_about = None)]
@@ -58,14 +57,6 @@ fn main() -> ExitCode {
     }
 }
 
-/// Renders a chat template in a child process of this binary, with capped memory.
-fn render_isolated(request: &ChatRequest) -> Result<String, ChatError> {
-    let exe = std::env::current_exe().map_err(|e| ChatError::new(e.to_string()))?;
-    let mut command = std::process::Command::new(exe);
-    command.arg("render-chat");
-    runtime::chat::render_isolated(command, request)
-}
-
 fn run(cli: Cli) -> Result<ExitCode> {
     let started = Instant::now();
     match cli.command {
@@ -80,7 +71,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
         Command::Convert { hf_dir, out_dir } => {
-            let manifest = convert::convert(&hf_dir, &out_dir, &render_isolated)?;
+            let manifest = convert::convert(&hf_dir, &out_dir, &runtime::chat::render_in_child)?;
             let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
             eprintln!(
                 "converted {} into {} ({} files, {:.1} MB) in {:.1} s",
@@ -92,7 +83,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
         Command::Verify { out_dir, source } => {
-            let problems = verify::verify(&out_dir, source.as_deref(), &render_isolated)?;
+            let problems =
+                verify::verify(&out_dir, source.as_deref(), &runtime::chat::render_in_child)?;
             if !problems.is_empty() {
                 for problem in &problems {
                     eprintln!("mismatch: {problem}");

@@ -145,6 +145,16 @@ pub fn render_isolated(mut command: Command, request: &ChatRequest) -> Result<St
     }
 }
 
+/// [`render_isolated`] in a child of the running program, which must answer the hidden
+/// `render-chat` command with [`serve`] (both of this project's binaries do).
+pub fn render_in_child(request: &ChatRequest) -> Result<String, ChatError> {
+    let exe =
+        std::env::current_exe().map_err(|e| ChatError(format!("cannot find this program: {e}")))?;
+    let mut command = Command::new(exe);
+    command.arg("render-chat");
+    render_isolated(command, request)
+}
+
 /// The child's side of [`render_isolated`]: a request on stdin, the rendered text on
 /// stdout.
 pub fn serve() -> Result<(), ChatError> {

@@ -210,10 +210,7 @@ fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<(
         // In a child process: the template comes with the model, and memory is the one
         // thing rendering it in this process can't bound.
         let request = tokenizer.chat_request(args.system.as_deref(), &prompt)?;
-        let exe = std::env::current_exe().context("cannot find this program")?;
-        let mut command = std::process::Command::new(exe);
-        command.arg("render-chat");
-        tokenizer.encode_rendered(&runtime::chat::render_isolated(command, &request)?)?
+        tokenizer.encode_rendered(&runtime::chat::render_in_child(&request)?)?
     } else {
         tokenizer.encode(&prompt)?
     };

@@ -13,6 +13,7 @@ use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
+use runtime::artifact::is_plain_file_name;
 use runtime::files::read_text_bounded;
 
 use crate::mmap::MappedFile;
@@ -57,7 +58,7 @@ impl Checkpoint {
             shards.sort();
             shards.dedup();
             for shard in &shards {
-                if shard.contains('/') || shard.contains('\\') || shard == ".." {
+                if !is_plain_file_name(shard) {
                     bail!(
                         "{}: shard name {shard:?} is not a plain file name",
                         index_path.display()

@@ -34,6 +34,8 @@ pub struct LayerCache<B: Backend> {
     keys: Tensor<B, 3>,
     values: Tensor<B, 3>,
     len: usize,
+    /// The model's sliding window: how many of the latest positions a token sees.
+    window: Option<usize>,
 }
 
 /// The cache of every layer, and how many positions they hold.
@@ -74,6 +76,7 @@ impl<B: Backend> KvCache<B> {
                 keys: Tensor::zeros(shape, device),
                 values: Tensor::zeros(shape, device),
                 len: 0,
+                window: config.sliding_window,
             })
             .collect();
         Ok(Self {
@@ -141,6 +144,12 @@ fn available_memory() -> Option<u64> {
 }
 
 impl<B: KernelBackend> LayerCache<B> {
+    /// How many of the latest cached positions a token attends to (itself included), if
+    /// not all: the model's sliding window.
+    pub(crate) fn window(&self) -> Option<usize> {
+        self.window
+    }
+
     /// Stores `k`, `v` (`[batch, seq, n_kv * head_dim]`) after the cached positions and
     /// returns all keys and values so far, `[batch, len + seq, n_kv * head_dim]` (views of
     /// the buffers, not copies).

@@ -29,7 +29,8 @@ pub enum ConfigError {
         error: serde_json::Error,
     },
     #[error(
-        "unsupported architecture {0}: only LlamaForCausalLM (model_type \"llama\") is supported"
+        "unsupported architecture {0}: supported are LlamaForCausalLM, MistralForCausalLM and \
+         Qwen2ForCausalLM (model_type \"llama\", \"mistral\", \"qwen2\")"
     )]
     Architecture(String),
     #[error("invalid config: {0}")]
@@ -53,7 +54,44 @@ impl TokenIds {
     }
 }
 
-/// config.json as transformers writes it for `LlamaForCausalLM` (the keys we read).
+/// The model families this runtime runs. All are Llama's decoder (pre-norm, RoPE,
+/// grouped-query attention, SwiGLU); they differ in what the config turns on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `LlamaForCausalLM`: Llama 2 and 3.x, SmolLM, TinyLlama, ...
+    Llama,
+    /// `MistralForCausalLM`: no biases; `sliding_window` (4096 when absent, `null` for none).
+    Mistral,
+    /// `Qwen2ForCausalLM`: q, k and v always have a bias, o never.
+    Qwen2,
+}
+
+/// (`architectures` entry, `model_type`, family).
+const FAMILIES: [(&str, &str, Family); 3] = [
+    ("LlamaForCausalLM", "llama", Family::Llama),
+    ("MistralForCausalLM", "mistral", Family::Mistral),
+    ("Qwen2ForCausalLM", "qwen2", Family::Qwen2),
+];
+
+impl Family {
+    /// The family `hf` names: its first `architectures` entry, or `model_type` without one.
+    fn of(hf: &HfConfig) -> Result<Self, ConfigError> {
+        let known = match hf.architectures.first() {
+            Some(name) => FAMILIES.iter().find(|(arch, ..)| arch == name),
+            None => (hf.model_type.as_deref())
+                .and_then(|t| FAMILIES.iter().find(|(_, model_type, _)| *model_type == t)),
+        };
+        known.map(|&(.., family)| family).ok_or_else(|| {
+            ConfigError::Architecture(
+                (hf.architectures.first().cloned())
+                    .or_else(|| hf.model_type.clone())
+                    .unwrap_or_else(|| "(none given)".into()),
+            )
+        })
+    }
+}
+
+/// config.json as transformers writes it for the [`Family`] models (the keys we read).
 #[derive(Debug, Clone, Deserialize, Serialize)]
 pub struct HfConfig {
     #[serde(default)]
@@ -68,16 +106,36 @@ pub struct HfConfig {
     pub vocab_size: usize,
     pub rms_norm_eps: Option<f64>,
     pub rope_theta: Option<f64>,
-    pub rope_scaling: Option<serde_json::Value>,
-    /// transformers ≥ 5 writes `rope_theta` here instead of at the top level.
+    /// RoPE scaling as the hub's files write it (transformers < 5).
+    pub rope_scaling: Option<RopeParameters>,
+    /// transformers ≥ 5 writes RoPE's theta and scaling here instead.
     pub rope_parameters: Option<RopeParameters>,
+    pub partial_rotary_factor: Option<f64>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: Option<bool>,
     pub hidden_act: Option<String>,
     pub attention_bias: Option<bool>,
     pub mlp_bias: Option<bool>,
+    /// Mistral's and Qwen2's window: absent (`None`) and `null` (`Some(None)`) differ.
+    #[serde(default, deserialize_with = "present")]
+    pub sliding_window: Option<Option<usize>>,
+    /// Qwen2: whether `sliding_window` applies at all.
+    pub use_sliding_window: Option<bool>,
+    /// Per-layer attention kinds (transformers ≥ 4.53): `full_attention` or
+    /// `sliding_attention`.
+    pub layer_types: Option<Vec<String>>,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<TokenIds>,
+}
+
+/// Deserializes a key that is present, `null` included, as `Some`: with `#[serde(default)]`
+/// an absent key stays `None`.
+fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
 }
 
 /// generation_config.json: the keys we read. Optional in a checkpoint; the converter and
@@ -107,11 +165,149 @@ impl GenerationConfig {
     }
 }
 
-/// `rope_parameters` of transformers ≥ 5 configs.
-#[derive(Debug, Clone, Deserialize, Serialize)]
+/// `rope_scaling` (hub files) or `rope_parameters` (transformers ≥ 5): the same keys,
+/// besides `rope_theta`, which older files keep at the top level.
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct RopeParameters {
     pub rope_theta: Option<f64>,
+    /// Older files say `type`.
+    #[serde(alias = "type")]
     pub rope_type: Option<String>,
+    pub factor: Option<f64>,
+    pub low_freq_factor: Option<f64>,
+    pub high_freq_factor: Option<f64>,
+    pub original_max_position_embeddings: Option<f64>,
+    pub attention_factor: Option<f64>,
+    pub beta_fast: Option<f64>,
+    pub beta_slow: Option<f64>,
+    pub mscale: Option<f64>,
+    pub mscale_all_dim: Option<f64>,
+    pub truncate: Option<bool>,
+}
+
+/// How RoPE's frequencies are changed to stretch a model's context, as transformers'
+/// `modeling_rope_utils` computes them (`rope.rs` does the arithmetic).
+#[derive(Debug, Clone, PartialEq)]
+pub enum RopeScaling {
+    /// Plain RoPE.
+    None,
+    /// Every frequency divided by `factor` (position interpolation).
+    Linear { factor: f64 },
+    /// Llama 3.1's: low frequencies divided by `factor`, high ones kept, a smooth blend
+    /// between the two wavelengths `original_max_position_embeddings / {low,high}_freq_factor`.
+    Llama3 {
+        factor: f64,
+        low_freq_factor: f64,
+        high_freq_factor: f64,
+        original_max_position_embeddings: f64,
+    },
+    /// YaRN: frequencies blended between kept and divided by `factor` over the dimensions
+    /// between the `beta_fast` and `beta_slow` rotation counts; cos and sin scaled by
+    /// `attention_factor`.
+    Yarn {
+        factor: f64,
+        original_max_position_embeddings: f64,
+        beta_fast: f64,
+        beta_slow: f64,
+        attention_factor: f64,
+        truncate: bool,
+    },
+}
+
+impl RopeScaling {
+    /// Reads the scaling of `rope`; `max_position_embeddings` is YaRN's fallback for
+    /// `factor`, as in transformers.
+    fn from_parameters(
+        rope: &RopeParameters,
+        max_position_embeddings: usize,
+    ) -> Result<Self, ConfigError> {
+        let kind = rope.rope_type.as_deref().unwrap_or("default");
+        let key = |value: Option<f64>, name: &str| {
+            value.filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| {
+                ConfigError::Invalid(format!(
+                    "rope_type {kind:?} needs a positive {name}, found {value:?}"
+                ))
+            })
+        };
+        Ok(match kind {
+            "default" => Self::None,
+            "linear" => Self::Linear {
+                factor: key(rope.factor, "factor")?,
+            },
+            "llama3" => {
+                let (low_freq_factor, high_freq_factor) = (
+                    key(rope.low_freq_factor, "low_freq_factor")?,
+                    key(rope.high_freq_factor, "high_freq_factor")?,
+                );
+                if high_freq_factor <= low_freq_factor {
+                    return Err(ConfigError::Invalid(format!(
+                        "rope_type \"llama3\" needs high_freq_factor {high_freq_factor} > \
+                         low_freq_factor {low_freq_factor}"
+                    )));
+                }
+                Self::Llama3 {
+                    factor: key(rope.factor, "factor")?,
+                    low_freq_factor,
+                    high_freq_factor,
+                    original_max_position_embeddings: key(
+                        rope.original_max_position_embeddings,
+                        "original_max_position_embeddings",
+                    )?,
+                }
+            }
+            "yarn" => {
+                let original = key(
+                    rope.original_max_position_embeddings,
+                    "original_max_position_embeddings",
+                )?;
+                let factor = match rope.factor {
+                    Some(factor) => key(Some(factor), "factor")?,
+                    None => max_position_embeddings as f64 / original,
+                };
+                // transformers' `get_mscale`.
+                let mscale = |scale: f64, m: f64| {
+                    if scale <= 1.0 {
+                        1.0
+                    } else {
+                        0.1 * m * scale.ln() + 1.0
+                    }
+                };
+                let attention_factor =
+                    match (rope.attention_factor, rope.mscale, rope.mscale_all_dim) {
+                        (Some(a), ..) => key(Some(a), "attention_factor")?,
+                        (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                            mscale(factor, m) / mscale(factor, all)
+                        }
+                        _ => mscale(factor, 1.0),
+                    };
+                Self::Yarn {
+                    factor,
+                    original_max_position_embeddings: original,
+                    beta_fast: rope.beta_fast.filter(|b| *b != 0.0).unwrap_or(32.0),
+                    beta_slow: rope.beta_slow.filter(|b| *b != 0.0).unwrap_or(1.0),
+                    attention_factor,
+                    truncate: rope.truncate.unwrap_or(true),
+                }
+            }
+            other => {
+                return Err(ConfigError::Invalid(format!(
+                    "rope_type {other:?} is not supported (supported: default, linear, llama3, \
+                     yarn)"
+                )));
+            }
+        })
+    }
+}
+
+/// Which linear layers of a decoder layer add a bias.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Biases {
+    /// q, k and v.
+    pub qkv: bool,
+    /// o.
+    pub o: bool,
+    /// gate, up and down.
+    pub mlp: bool,
 }
 
 /// The resolved hyperparameters the model is built from.
@@ -126,6 +322,11 @@ pub struct LlamaConfig {
     pub vocab_size: usize,
     pub rms_norm_eps: f64,
     pub rope_theta: f64,
+    pub rope_scaling: RopeScaling,
+    /// A token attends to itself and the `sliding_window - 1` positions before it; `None`:
+    /// to every earlier position.
+    pub sliding_window: Option<usize>,
+    pub biases: Biases,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
@@ -143,6 +344,34 @@ impl HfConfig {
 }
 
 impl LlamaConfig {
+    /// A config with these sizes and nothing else switched on (no scaling, window or bias),
+    /// for tests and tools.
+    pub fn plain(
+        [hidden_size, intermediate_size, num_layers]: [usize; 3],
+        [n_heads, n_kv_heads, head_dim]: [usize; 3],
+        vocab_size: usize,
+        max_position_embeddings: usize,
+    ) -> Self {
+        Self {
+            hidden_size,
+            intermediate_size,
+            num_layers,
+            n_heads,
+            n_kv_heads,
+            head_dim,
+            vocab_size,
+            rms_norm_eps: 1e-5,
+            rope_theta: 10_000.0,
+            rope_scaling: RopeScaling::None,
+            sliding_window: None,
+            biases: Biases::default(),
+            max_position_embeddings,
+            tie_word_embeddings: false,
+            bos_token_id: None,
+            eos_token_ids: Vec::new(),
+        }
+    }
+
     /// Checks that `id` (the tokenizer's largest, or a special token's, named `what`) is a
     /// row of the embedding: a larger one would index past it.
     pub fn check_token_id(&self, id: u32, what: &str) -> Result<(), ConfigError> {
@@ -160,21 +389,11 @@ impl LlamaConfig {
         Self::from_hf(&HfConfig::from_file(path)?)
     }
 
-    /// Checks that `hf` describes a Llama causal LM we can run and fills defaults
-    /// (kv heads = heads, head_dim = hidden / heads, eps 1e-6 and theta 10000 as in
-    /// transformers' `LlamaConfig`).
+    /// Checks that `hf` describes a model of a [`Family`] we can run and fills defaults as
+    /// transformers' config classes do (kv heads = heads, head_dim = hidden / heads, eps
+    /// 1e-6, theta 10000, Mistral's window 4096).
     pub fn from_hf(hf: &HfConfig) -> Result<Self, ConfigError> {
-        let arch_ok = hf.architectures.iter().any(|a| a == "LlamaForCausalLM")
-            || (hf.architectures.is_empty() && hf.model_type.as_deref() == Some("llama"));
-        if !arch_ok {
-            let name = hf
-                .architectures
-                .first()
-                .cloned()
-                .or_else(|| hf.model_type.clone())
-                .unwrap_or_else(|| "(none given)".into());
-            return Err(ConfigError::Architecture(name));
-        }
+        let family = Family::of(hf)?;
         let invalid = |msg: String| Err(ConfigError::Invalid(msg));
         let n_kv_heads = hf.num_key_value_heads.unwrap_or(hf.num_attention_heads);
         for (name, value) in [
@@ -218,31 +437,71 @@ impl LlamaConfig {
                 "hidden_act {act:?} is not supported (only \"silu\")"
             ));
         }
-        if hf.rope_scaling.as_ref().is_some_and(|v| !v.is_null()) {
-            return invalid("rope_scaling is not supported".into());
-        }
-        if hf.attention_bias == Some(true) || hf.mlp_bias == Some(true) {
-            return invalid("attention_bias / mlp_bias are not supported".into());
-        }
-        let rms_norm_eps = hf.rms_norm_eps.unwrap_or(1e-6);
-        let rope = hf.rope_parameters.as_ref();
-        if let Some(kind) = rope
-            .and_then(|r| r.rope_type.as_deref())
-            .filter(|t| *t != "default")
-        {
+        if let Some(factor) = hf.partial_rotary_factor.filter(|f| *f != 1.0) {
             return invalid(format!(
-                "rope_type {kind:?} is not supported (only \"default\")"
+                "partial_rotary_factor {factor} is not supported (only 1.0)"
             ));
         }
-        let rope_theta = hf
-            .rope_theta
-            .or_else(|| rope.and_then(|r| r.rope_theta))
+        // transformers ≥ 5 reads `rope_parameters`, older files `rope_scaling`; a file with
+        // both (hand-edited) must not say two different things.
+        let scaling = [&hf.rope_parameters, &hf.rope_scaling]
+            .map(|r| r.as_ref().and_then(|r| r.rope_type.as_deref()))
+            .map(|kind| kind.filter(|k| *k != "default"));
+        if let [Some(a), Some(b)] = scaling
+            && a != b
+        {
+            return invalid(format!(
+                "rope_parameters says rope_type {a:?} but rope_scaling says {b:?}"
+            ));
+        }
+        let rope = match scaling {
+            [Some(_), _] | [None, None] => hf.rope_parameters.clone(),
+            [None, Some(_)] => hf.rope_scaling.clone(),
+        }
+        .unwrap_or_default();
+        let rope_scaling = RopeScaling::from_parameters(&rope, hf.max_position_embeddings)?;
+        let rms_norm_eps = hf.rms_norm_eps.unwrap_or(1e-6);
+        let rope_theta = (hf.rope_theta)
+            .or_else(|| hf.rope_parameters.as_ref().and_then(|r| r.rope_theta))
             .unwrap_or(10_000.0);
         if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
             return invalid(format!("rms_norm_eps {rms_norm_eps} must be positive"));
         }
         if !(rope_theta.is_finite() && rope_theta > 1.0) {
             return invalid(format!("rope_theta {rope_theta} must be greater than 1"));
+        }
+        let (sliding_window, biases) = match family {
+            Family::Llama => (
+                None,
+                Biases {
+                    qkv: hf.attention_bias == Some(true),
+                    o: hf.attention_bias == Some(true),
+                    mlp: hf.mlp_bias == Some(true),
+                },
+            ),
+            Family::Mistral => (hf.sliding_window.unwrap_or(Some(4096)), Biases::default()),
+            Family::Qwen2 => {
+                if hf.use_sliding_window == Some(true) {
+                    return invalid(
+                        "use_sliding_window: true is not supported for Qwen2ForCausalLM (its \
+                         window covers only some layers)"
+                            .into(),
+                    );
+                }
+                let biases = Biases {
+                    qkv: true,
+                    ..Biases::default()
+                };
+                (None, biases)
+            }
+        };
+        if let Some(kind) = (hf.layer_types.iter().flatten()).find(|t| *t != "full_attention") {
+            return invalid(format!(
+                "layer_types {kind:?} is not supported (only \"full_attention\")"
+            ));
+        }
+        if sliding_window == Some(0) {
+            return invalid("sliding_window 0 leaves nothing to attend to".into());
         }
         Ok(Self {
             hidden_size: hf.hidden_size,
@@ -254,6 +513,9 @@ impl LlamaConfig {
             vocab_size: hf.vocab_size,
             rms_norm_eps,
             rope_theta,
+            rope_scaling,
+            sliding_window,
+            biases,
             max_position_embeddings: hf.max_position_embeddings,
             tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             bos_token_id: hf.bos_token_id,
@@ -297,9 +559,14 @@ mod tests {
     #[test]
     fn refuses_other_architectures_by_name() {
         let mut v = smollm();
-        v["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+        v["architectures"] = serde_json::json!(["Gemma2ForCausalLM"]);
         let err = resolve(v).unwrap_err().to_string();
-        assert!(err.contains("MistralForCausalLM"), "{err}");
+        assert!(err.contains("Gemma2ForCausalLM"), "{err}");
+        let mut v = smollm();
+        v.as_object_mut().unwrap().remove("architectures");
+        v["model_type"] = "phi3".into();
+        let err = resolve(v).unwrap_err().to_string();
+        assert!(err.contains("phi3"), "{err}");
     }
 
     #[test]
@@ -322,16 +589,29 @@ mod tests {
         for (key, value, named) in [
             (
                 "rope_scaling",
-                serde_json::json!({"rope_type": "llama3", "factor": 8.0}),
-                "rope_scaling",
+                serde_json::json!({"rope_type": "dynamic", "factor": 2.0}),
+                "dynamic",
             ),
-            ("attention_bias", serde_json::json!(true), "attention_bias"),
-            ("mlp_bias", serde_json::json!(true), "mlp_bias"),
+            (
+                "rope_scaling",
+                serde_json::json!({"type": "longrope", "factor": 2.0}),
+                "longrope",
+            ),
             ("hidden_act", serde_json::json!("gelu"), "gelu"),
+            (
+                "partial_rotary_factor",
+                serde_json::json!(0.5),
+                "partial_rotary_factor",
+            ),
+            (
+                "layer_types",
+                serde_json::json!(["full_attention", "sliding_attention"]),
+                "sliding_attention",
+            ),
             (
                 "rope_parameters",
                 serde_json::json!({"rope_theta": 500000.0, "rope_type": "llama3"}),
-                "llama3",
+                "low_freq_factor",
             ),
         ] {
             let mut v = smollm();
@@ -339,11 +619,108 @@ mod tests {
             let err = resolve(v).unwrap_err().to_string();
             assert!(err.contains(named), "{key}: {err}");
         }
+        let mut v = smollm();
+        v["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+        v["use_sliding_window"] = true.into();
+        let err = resolve(v).unwrap_err().to_string();
+        assert!(err.contains("use_sliding_window"), "{err}");
         // The neutral values of the same keys are accepted.
         let mut v = smollm();
         v["rope_scaling"] = serde_json::Value::Null;
         v["attention_bias"] = false.into();
         v["rope_parameters"] = serde_json::json!({"rope_theta": 100000.0, "rope_type": "default"});
-        resolve(v).unwrap();
+        v["layer_types"] = serde_json::json!(["full_attention"]);
+        assert_eq!(resolve(v).unwrap(), resolve(smollm()).unwrap());
+    }
+
+    /// Llama 3.x as published (`rope_scaling` with `rope_type`, top-level `rope_theta`) and
+    /// as transformers 5 saves it (`rope_parameters`), older files' `type`, explicit
+    /// head_dim and biases.
+    #[test]
+    fn resolves_rope_scaling_and_biases() {
+        let llama3 = serde_json::json!({"rope_type": "llama3", "factor": 32.0,
+            "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192});
+        let expected = RopeScaling::Llama3 {
+            factor: 32.0,
+            low_freq_factor: 1.0,
+            high_freq_factor: 4.0,
+            original_max_position_embeddings: 8192.0,
+        };
+        let mut v = smollm();
+        v["rope_scaling"] = llama3.clone();
+        v["rope_theta"] = 500000.0.into();
+        let hub = resolve(v).unwrap();
+        assert_eq!(
+            (hub.rope_scaling.clone(), hub.rope_theta),
+            (expected, 500000.0)
+        );
+        let mut v = smollm();
+        v.as_object_mut().unwrap().remove("rope_theta");
+        let mut parameters = llama3;
+        parameters["rope_theta"] = 500000.0.into();
+        v["rope_parameters"] = parameters;
+        assert_eq!(resolve(v).unwrap(), hub);
+
+        let mut v = smollm();
+        v["rope_scaling"] = serde_json::json!({"type": "linear", "factor": 4.0});
+        v["head_dim"] = 96.into();
+        v["attention_bias"] = true.into();
+        v["mlp_bias"] = true.into();
+        let c = resolve(v).unwrap();
+        assert_eq!(c.rope_scaling, RopeScaling::Linear { factor: 4.0 });
+        assert_eq!(c.head_dim, 96);
+        let all = Biases {
+            qkv: true,
+            o: true,
+            mlp: true,
+        };
+        assert_eq!(c.biases, all);
+
+        let mut v = smollm();
+        v["rope_scaling"] = serde_json::json!({"rope_type": "yarn", "factor": 4.0,
+            "original_max_position_embeddings": 32768});
+        let RopeScaling::Yarn {
+            attention_factor, ..
+        } = resolve(v).unwrap().rope_scaling
+        else {
+            panic!("yarn")
+        };
+        assert!((attention_factor - (0.1 * 4f64.ln() + 1.0)).abs() < 1e-12);
+    }
+
+    /// Mistral's window: 4096 when absent (transformers' default), none when `null`; Qwen2:
+    /// q/k/v biases with no flag, its window off unless `use_sliding_window`.
+    #[test]
+    fn resolves_mistral_and_qwen2() {
+        let mut v = smollm();
+        v["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+        assert_eq!(resolve(v.clone()).unwrap().sliding_window, Some(4096));
+        v["sliding_window"] = serde_json::Value::Null;
+        assert_eq!(resolve(v.clone()).unwrap().sliding_window, None);
+        v["sliding_window"] = 24.into();
+        let mistral = resolve(v).unwrap();
+        assert_eq!(
+            (mistral.sliding_window, mistral.biases),
+            (Some(24), Biases::default())
+        );
+
+        let mut v = smollm();
+        v["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
+        v["sliding_window"] = 4096.into();
+        v["use_sliding_window"] = false.into();
+        let qwen = resolve(v).unwrap();
+        assert_eq!(qwen.sliding_window, None);
+        assert_eq!(
+            qwen.biases,
+            Biases {
+                qkv: true,
+                ..Biases::default()
+            }
+        );
+        let mut v = smollm();
+        v.as_object_mut().unwrap().remove("architectures");
+        v["model_type"] = "qwen2".into();
+        assert_eq!(resolve(v).unwrap(), qwen);
     }
 }

@@ -11,7 +11,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 use rayon::prelude::*;
 
-use crate::backend::{Heads, KernelBackend, LayerShape, LayerTensors};
+use crate::backend::{Heads, KernelBackend, LayerShape, LayerTensors, Projection};
 use crate::cache::{CacheError, KvCache, LayerCache};
 use crate::config::LlamaConfig;
 use crate::rope::RopeRows;
@@ -70,7 +70,9 @@ impl LlamaConfig {
     /// Builds the module with lazily initialised parameters: nothing is allocated until a
     /// record is loaded into it (or a parameter is read).
     pub fn init<B: Backend>(&self, device: &B::Device) -> Llama<B> {
-        let linear = |d_in, d_out| LinearConfig::new(d_in, d_out).with_bias(false).init(device);
+        let linear =
+            |d_in, d_out, bias| LinearConfig::new(d_in, d_out).with_bias(bias).init(device);
+        let biases = self.biases;
         let norm = || {
             RmsNormConfig::new(self.hidden_size)
                 .with_epsilon(self.rms_norm_eps)
@@ -85,19 +87,19 @@ impl LlamaConfig {
             .map(|_| DecoderLayer {
                 input_layernorm: norm(),
                 self_attn: Attention {
-                    q_proj: linear(hidden, q_dim),
-                    k_proj: linear(hidden, kv_dim),
-                    v_proj: linear(hidden, kv_dim),
-                    o_proj: linear(q_dim, hidden),
+                    q_proj: linear(hidden, q_dim, biases.qkv),
+                    k_proj: linear(hidden, kv_dim, biases.qkv),
+                    v_proj: linear(hidden, kv_dim, biases.qkv),
+                    o_proj: linear(q_dim, hidden, biases.o),
                     n_heads: self.n_heads,
                     n_kv_heads: self.n_kv_heads,
                     head_dim: self.head_dim,
                 },
                 post_attention_layernorm: norm(),
                 mlp: Mlp {
-                    gate_proj: linear(hidden, self.intermediate_size),
-                    up_proj: linear(hidden, self.intermediate_size),
-                    down_proj: linear(self.intermediate_size, hidden),
+                    gate_proj: linear(hidden, self.intermediate_size, biases.mlp),
+                    up_proj: linear(hidden, self.intermediate_size, biases.mlp),
+                    down_proj: linear(self.intermediate_size, hidden, biases.mlp),
                 },
             })
             .collect();
@@ -105,7 +107,7 @@ impl LlamaConfig {
             embed_tokens: EmbeddingConfig::new(self.vocab_size, hidden).init(device),
             layers,
             norm: norm(),
-            lm_head: linear(hidden, self.vocab_size),
+            lm_head: linear(hidden, self.vocab_size, false),
         }
     }
 }
@@ -124,7 +126,15 @@ impl LlamaConfig {
         .map(|n| n as u128);
         let q = (self.n_heads * self.head_dim) as u128;
         let kv = (self.n_kv_heads * self.head_dim) as u128;
-        let layer = 2 * hidden + 2 * hidden * q + 2 * hidden * kv + 3 * hidden * intermediate;
+        let biases = self.biases;
+        let bias = |on: bool, n: u128| if on { n } else { 0 };
+        let layer = 2 * hidden
+            + 2 * hidden * q
+            + 2 * hidden * kv
+            + 3 * hidden * intermediate
+            + bias(biases.qkv, q + 2 * kv)
+            + bias(biases.o, hidden)
+            + bias(biases.mlp, 2 * intermediate + hidden);
         2 * vocab * hidden + layers * layer + hidden
     }
 }
@@ -220,9 +230,9 @@ impl<B: KernelBackend> DecoderLayer<B> {
     ) -> Result<Tensor<B, 3>, CacheError> {
         let [_, seq, _] = x.dims();
         if seq == 1 {
-            let fused = cache.append_with(|cache| {
-                B::decode_layer(&x, &self.weights(), self.shape(), cache, rope)
-            })?;
+            let shape = self.shape(cache.window());
+            let fused = cache
+                .append_with(|cache| B::decode_layer(&x, &self.weights(), shape, cache, rope))?;
             if let Some(out) = fused {
                 return Ok(out);
             }
@@ -251,23 +261,29 @@ impl<B: KernelBackend> DecoderLayer<B> {
     /// The layer's tensors as the backend's fused layer takes them.
     fn weights(&self) -> LayerTensors<B> {
         let (attention, mlp) = (&self.self_attn, &self.mlp);
+        let projection = |linear: &Linear<B>| Projection {
+            weight: linear.weight.val(),
+            bias: linear.bias.as_ref().map(Param::val),
+        };
         LayerTensors {
             input_layernorm: self.input_layernorm.gamma.val(),
-            q_proj: attention.q_proj.weight.val(),
-            k_proj: attention.k_proj.weight.val(),
-            v_proj: attention.v_proj.weight.val(),
-            o_proj: attention.o_proj.weight.val(),
+            q_proj: projection(&attention.q_proj),
+            k_proj: projection(&attention.k_proj),
+            v_proj: projection(&attention.v_proj),
+            o_proj: projection(&attention.o_proj),
             post_attention_layernorm: self.post_attention_layernorm.gamma.val(),
-            gate_proj: mlp.gate_proj.weight.val(),
-            up_proj: mlp.up_proj.weight.val(),
-            down_proj: mlp.down_proj.weight.val(),
+            gate_proj: projection(&mlp.gate_proj),
+            up_proj: projection(&mlp.up_proj),
+            down_proj: projection(&mlp.down_proj),
         }
     }
 
-    fn shape(&self) -> LayerShape {
+    /// What the fused layer needs besides weights; the sliding window is the cache's.
+    fn shape(&self, window: Option<usize>) -> LayerShape {
         LayerShape {
             heads: self.self_attn.heads(),
             epsilon: self.input_layernorm.epsilon as f32,
+            window,
         }
     }
 }
@@ -294,21 +310,18 @@ impl<B: KernelBackend> Attention<B> {
         // Rotate while each projection is still one contiguous [batch, seq, heads * hd] block.
         // The score scale goes on q (1/8 for hd = 64, a power of two, so this is exact).
         let heads = self.heads();
-        let [q, k, v] = B::linear_forward(
-            x,
-            [&self.q_proj, &self.k_proj, &self.v_proj].map(|linear| linear.weight.val()),
-        );
+        let [q, k, v] = linears(x, [&self.q_proj, &self.k_proj, &self.v_proj]);
         let q = B::rotary(q, rope, heads.score_scale());
         let k = B::rotary(k, rope, 1.0);
         let (k, v) = cache.append(k, v)?; // [batch, start + seq, n_kv * hd]
-        Ok(project(&self.o_proj, B::causal_attention(q, k, v, heads)))
+        let attended = B::causal_attention(q, k, v, heads, cache.window());
+        Ok(project(&self.o_proj, attended))
     }
 }
 
 impl<B: KernelBackend> Mlp<B> {
     fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let weights = [&self.gate_proj, &self.up_proj].map(|linear| linear.weight.val());
-        let [gate, up] = B::linear_forward(x, weights);
+        let [gate, up] = linears(x, [&self.gate_proj, &self.up_proj]);
         project(&self.down_proj, B::silu_mul(gate, up))
     }
 }
@@ -318,11 +331,29 @@ fn rms_norm<B: KernelBackend>(norm: &RmsNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3
     B::rms_norm(x, norm.gamma.val(), norm.epsilon)
 }
 
-/// `linear.forward(x)` (no bias) through the backend's kernel (burn-flex: a threaded
+/// `linear.forward(x)` through the backend's kernel (burn-flex: a threaded
 /// matrix-vector product for a single row).
 fn project<B: KernelBackend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
-    let [out] = B::linear_forward(x, [linear.weight.val()]);
+    let [out] = linears(x, [linear]);
     out
+}
+
+/// `linear.forward(x)` for linear layers that share their input, their products in one
+/// call to the backend, then each one's bias added (after the product, as the fused layer
+/// adds it, so both round alike).
+fn linears<B: KernelBackend, const N: usize>(
+    x: Tensor<B, 3>,
+    linears: [&Linear<B>; N],
+) -> [Tensor<B, 3>; N] {
+    let products = B::linear_forward(x, linears.map(|linear| linear.weight.val()));
+    let mut outs = products
+        .into_iter()
+        .zip(linears)
+        .map(|(out, linear)| match &linear.bias {
+            Some(bias) => out + bias.val().unsqueeze(),
+            None => out,
+        });
+    std::array::from_fn(|_| outs.next().expect("one output per linear layer"))
 }
 
 /// Stores every 2-D parameter (a Linear weight, `[d_in, d_out]`) as `[d_out, d_in]` in
@@ -350,30 +381,36 @@ impl<B: Backend> ModuleMapper<B> for ColumnMajor {
 mod tests {
     use super::*;
     use crate::FlexBackend;
+    use crate::config::Biases;
     use crate::kernels::team;
     use crate::testing::{Randomize, normal};
 
     /// burn-flex's fused single-token layer (`KernelBackend::decode_layer`) gives exactly
     /// what the layer's ops give, token after token, with keys split across threads once
     /// there are enough of them and projections both split and not: at 1, 2, 3 and 5
-    /// threads, inside a thread team as `Llama::decode` runs it.
+    /// threads, inside a thread team as `Llama::decode` runs it. Plain, and with every bias
+    /// and a sliding window shorter than the sequence.
     #[test]
     fn fused_decode_layer_equals_the_composed_ops() {
-        let config = LlamaConfig {
-            hidden_size: 64,
-            intermediate_size: 160,
-            num_layers: 1,
-            n_heads: 4,
-            n_kv_heads: 2,
-            head_dim: 16,
-            vocab_size: 10,
-            rms_norm_eps: 1e-5,
-            rope_theta: 10_000.0,
-            max_position_embeddings: 96,
-            tie_word_embeddings: false,
-            bos_token_id: None,
-            eos_token_ids: Vec::new(),
+        let plain = LlamaConfig::plain([64, 160, 1], [4, 2, 16], 10, 96);
+        let all = Biases {
+            qkv: true,
+            o: true,
+            mlp: true,
         };
+        for config in [
+            plain.clone(),
+            LlamaConfig {
+                biases: all,
+                sliding_window: Some(40),
+                ..plain
+            },
+        ] {
+            fused_layer_equals_composed(&config);
+        }
+    }
+
+    fn fused_layer_equals_composed(config: &LlamaConfig) {
         let device = Default::default();
         let model = config
             .init::<FlexBackend>(&device)
@@ -383,23 +420,18 @@ mod tests {
         let positions = 90;
         for threads in [1, 2, 3, 5] {
             let [mut fused_cache, mut composed_cache] = [(); 2]
-                .map(|_| KvCache::new(&config, 1, positions, &device).expect("a small cache"));
+                .map(|_| KvCache::new(config, 1, positions, &device).expect("a small cache"));
             for position in 0..positions {
                 let x = normal::<FlexBackend, 3>([1, 1, 64], position as u64);
                 let rope = fused_cache.rope_rows(1);
                 let fused_layer_cache = fused_cache.layers_mut().next().expect("one layer");
                 let composed_layer_cache = composed_cache.layers_mut().next().expect("one layer");
+                let shape = layer.shape(config.sliding_window);
                 // Both in the same pool: decode attention splits keys by the thread count.
                 let (fused, composed) = crate::in_thread_pool(Some(threads), || {
                     team::with_team(|| {
                         let fused = fused_layer_cache.append_with(|cache| {
-                            FlexBackend::decode_layer(
-                                &x,
-                                &layer.weights(),
-                                layer.shape(),
-                                cache,
-                                &rope,
-                            )
+                            FlexBackend::decode_layer(&x, &layer.weights(), shape, cache, &rope)
                         });
                         let composed = layer.forward_composed(x, composed_layer_cache, &rope);
                         (fused, composed)

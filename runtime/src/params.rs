@@ -61,24 +61,17 @@ impl<B: Backend> ModuleVisitor<B> for ParamVisitor {
 mod tests {
     use super::*;
     use crate::FlexBackend;
-    use crate::config::LlamaConfig;
+    use crate::config::{Biases, LlamaConfig};
 
     #[test]
     fn names_each_parameter_with_its_owner() {
         let config = LlamaConfig {
-            hidden_size: 8,
-            intermediate_size: 16,
-            num_layers: 2,
-            n_heads: 2,
-            n_kv_heads: 1,
-            head_dim: 4,
-            vocab_size: 10,
-            rms_norm_eps: 1e-5,
-            rope_theta: 10_000.0,
-            max_position_embeddings: 16,
-            tie_word_embeddings: false,
-            bos_token_id: None,
-            eos_token_ids: Vec::new(),
+            biases: Biases {
+                qkv: true,
+                o: false,
+                mlp: true,
+            },
+            ..LlamaConfig::plain([8, 16, 2], [2, 1, 4], 10, 16)
         };
         let found = params::<FlexBackend, _>(&config.init(&Default::default()));
         let find = |path: &str| found.iter().find(|p| p.path == path).expect(path).clone();
@@ -87,7 +80,15 @@ mod tests {
         assert_eq!(find("layers.0.input_layernorm.gamma").owner, "RmsNorm");
         assert_eq!(find("embed_tokens.weight").owner, "Embedding");
         assert_eq!(find("lm_head.weight").shape, vec![8, 10]);
-        assert_eq!(found.len(), 3 + 2 * 9);
+        assert_eq!(find("layers.0.self_attn.k_proj.bias").shape, vec![4]);
+        assert!(
+            found
+                .iter()
+                .all(|p| p.path != "layers.0.self_attn.o_proj.bias")
+        );
+        assert_eq!(find("layers.1.mlp.down_proj.bias").owner, "Linear");
+        // Per layer 9 weights, q/k/v and gate/up/down biases.
+        assert_eq!(found.len(), 3 + 2 * (9 + 6));
         let total: usize = found
             .iter()
             .map(|p| p.shape.iter().product::<usize>())

@@ -7,7 +7,7 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use crate::config::LlamaConfig;
+use crate::config::{LlamaConfig, RopeScaling};
 
 /// `cos` and `sin` of every position's rotation angles.
 #[derive(Debug, Clone)]
@@ -29,18 +29,13 @@ impl<B: Backend> Rope<B> {
     /// Tables for positions `0..positions` (a KV cache builds them for its capacity).
     pub fn new(config: &LlamaConfig, positions: usize, device: &B::Device) -> Self {
         let dim = config.head_dim;
-        let half = dim / 2;
-        // Computed in f32 in the same order as transformers, so angles round the same way.
-        let theta = config.rope_theta as f32;
-        let inv_freq: Vec<f32> = (0..half)
-            .map(|i| 1.0 / theta.powf((2 * i) as f32 / dim as f32))
-            .collect();
+        let (inv_freq, scale) = frequencies(config);
         let mut cos = Vec::with_capacity(positions * dim);
         let mut sin = Vec::with_capacity(positions * dim);
         for pos in 0..positions {
             let angles: Vec<f32> = inv_freq.iter().map(|f| pos as f32 * f).collect();
-            cos.extend(angles.iter().chain(&angles).map(|a| a.cos()));
-            sin.extend(angles.iter().chain(&angles).map(|a| a.sin()));
+            cos.extend(angles.iter().chain(&angles).map(|a| a.cos() * scale));
+            sin.extend(angles.iter().chain(&angles).map(|a| a.sin() * scale));
         }
         let table = |v: Vec<f32>| Tensor::from_data(TensorData::new(v, [positions, dim]), device);
         Self {
@@ -55,6 +50,79 @@ impl<B: Backend> Rope<B> {
         RopeRows {
             cos: rows(&self.cos),
             sin: rows(&self.sin),
+        }
+    }
+}
+
+/// RoPE's inverse frequencies, `[head_dim / 2]`, and the factor on cos and sin (1 but for
+/// YaRN), as transformers' `modeling_rope_utils` computes them: in f32, in the same order,
+/// so angles round the same way.
+fn frequencies(config: &LlamaConfig) -> (Vec<f32>, f32) {
+    let dim = config.head_dim;
+    let theta = config.rope_theta as f32;
+    // `base ** (arange(0, dim, 2) / dim)`
+    let powers: Vec<f32> = (0..dim / 2)
+        .map(|i| theta.powf((2 * i) as f32 / dim as f32))
+        .collect();
+    let plain = powers.iter().map(|p| 1.0 / p);
+    match config.rope_scaling {
+        RopeScaling::None => (plain.collect(), 1.0),
+        RopeScaling::Linear { factor } => (plain.map(|f| f / factor as f32).collect(), 1.0),
+        RopeScaling::Llama3 {
+            factor,
+            low_freq_factor,
+            high_freq_factor,
+            original_max_position_embeddings: context,
+        } => {
+            let (factor, low, high, context) = (
+                factor as f32,
+                low_freq_factor as f32,
+                high_freq_factor as f32,
+                context as f32,
+            );
+            let (low_freq_wavelen, high_freq_wavelen) = (context / low, context / high);
+            let scaled = plain.map(|f| {
+                let wavelen = 2.0 * std::f32::consts::PI / f;
+                if wavelen < high_freq_wavelen {
+                    f
+                } else if wavelen > low_freq_wavelen {
+                    f / factor
+                } else {
+                    let smooth = (context / wavelen - low) / (high - low);
+                    (1.0 - smooth) * f / factor + smooth * f
+                }
+            });
+            (scaled.collect(), 1.0)
+        }
+        RopeScaling::Yarn {
+            factor,
+            original_max_position_embeddings: context,
+            beta_fast,
+            beta_slow,
+            attention_factor,
+            truncate,
+        } => {
+            // The dimension (of `dim`) where a frequency turns `rotations` times over the
+            // original context: `find_correction_dim`, in f64 as Python computes it.
+            let (base, dims) = (config.rope_theta, dim as f64);
+            let correction = |rotations: f64| {
+                dims * (context / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
+            };
+            let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+            if truncate {
+                (low, high) = (low.floor(), high.ceil());
+            }
+            let (low, mut high) = (low.max(0.0), high.min(dims - 1.0));
+            if low == high {
+                high += 0.001; // transformers' guard against a zero-width ramp
+            }
+            let scaled = powers.iter().enumerate().map(|(i, p)| {
+                let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+                let extrapolation = 1.0 - ramp;
+                let interpolated = 1.0 / (factor as f32 * p);
+                interpolated * (1.0 - extrapolation) + (1.0 / p) * extrapolation
+            });
+            (scaled.collect(), attention_factor as f32)
         }
     }
 }

@@ -82,6 +82,7 @@ impl KernelBackend for FlexBackend {
         keys: Tensor<Self, 3>,
         values: Tensor<Self, 3>,
         heads: Heads,
+        window: Option<usize>,
     ) -> Tensor<Self, 3> {
         let [batch, seq, width] = queries.dims();
         let total = keys.dims()[1];
@@ -95,6 +96,7 @@ impl KernelBackend for FlexBackend {
             seq,
             start: total - seq,
             heads,
+            window,
         }
         .run();
         from_values(out, [batch, seq, width])
@@ -336,14 +338,22 @@ mod tests {
             n_kv_heads: 2,
             head_dim: 16,
         };
-        for (batch, start, seq) in [
-            (1, 0, 150),
-            (1, 37, 70),
-            (2, 5, 66),
-            (1, 0, 1),
-            (1, 200, 1),
-            (1, 300, 1),
-            (2, 40, 1),
+        // Sliding windows: shorter than a block of rows, longer than one, wider than the
+        // cache; a decoded token's window crossing span boundaries.
+        for (batch, start, seq, window) in [
+            (1, 0, 150, None),
+            (1, 37, 70, None),
+            (2, 5, 66, None),
+            (1, 0, 1, None),
+            (1, 200, 1, None),
+            (1, 300, 1, None),
+            (2, 40, 1, None),
+            (1, 0, 150, Some(24)),
+            (1, 37, 70, Some(90)),
+            (2, 5, 66, Some(500)),
+            (1, 0, 1, Some(1)),
+            (1, 200, 1, Some(70)),
+            (2, 300, 1, Some(150)),
         ] {
             let total = start + seq;
             let seed = (batch * 1000 + start + seq) as u64;
@@ -351,9 +361,9 @@ mod tests {
             let cache = |t: Tensor<FlexBackend, 3>| t.narrow(1, 0, total);
             let keys = cache(normal([batch, total + 9, 2 * 16], seed + 1));
             let values = cache(normal([batch, total + 9, 2 * 16], seed + 2));
-            let reference =
-                reference::attention(queries.clone(), keys.clone(), values.clone(), heads);
-            let fused = FlexBackend::causal_attention(queries, keys, values, heads);
+            let (q, k, v) = (queries.clone(), keys.clone(), values.clone());
+            let reference = reference::attention(q, k, v, heads, window);
+            let fused = FlexBackend::causal_attention(queries, keys, values, heads, window);
             assert_close(fused, reference);
         }
     }

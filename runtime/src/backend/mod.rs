@@ -13,10 +13,11 @@ use burn::tensor::backend::Backend;
 
 use crate::NdArrayBackend;
 pub use crate::kernels::attention::Heads;
-pub use crate::kernels::layer::{LayerShape, LayerWeights};
+pub use crate::kernels::layer::{LayerShape, LayerWeights, Projection};
 use crate::rope::RopeRows;
 
-/// A decoder layer's tensors: norm weights `[hidden]`, projections `[d_in, d_out]`.
+/// A decoder layer's tensors: norm weights and biases `[d]`, projection weights
+/// `[d_in, d_out]`.
 pub type LayerTensors<B> = LayerWeights<Tensor<B, 1>, Tensor<B, 2>>;
 
 /// One layer's key and value buffers, `[batch, capacity, n_kv_heads * head_dim]` each, and
@@ -35,14 +36,16 @@ pub trait KernelBackend: Backend {
     /// - queries: `[batch, seq, n_heads * head_dim]`, rotated and scaled by `1/sqrt(head_dim)`
     /// - keys, values: `[batch, start + seq, n_kv_heads * head_dim]`, positions `0..start`
     ///   from the cache followed by this call's
-    /// - output: `[batch, seq, n_heads * head_dim]`; query `i` attends to keys `0..=start + i`
+    /// - output: `[batch, seq, n_heads * head_dim]`; query `i` attends to keys `0..=start + i`,
+    ///   or with a sliding `window` to the last `window` of them
     fn causal_attention(
         queries: Tensor<Self, 3>,
         keys: Tensor<Self, 3>,
         values: Tensor<Self, 3>,
         heads: Heads,
+        window: Option<usize>,
     ) -> Tensor<Self, 3> {
-        reference::attention(queries, keys, values, heads)
+        reference::attention(queries, keys, values, heads, window)
     }
 
     /// SwiGLU's gating: `silu(gate) * up`, element-wise.

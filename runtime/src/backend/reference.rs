@@ -60,12 +60,13 @@ pub fn write_rows<B: Backend>(
 }
 
 /// Causal attention: each group of query heads folded into the rows of its key/value head,
-/// full score matrices, an additive causal mask, softmax.
+/// full score matrices, an additive causal mask (sliding-window too), softmax.
 pub fn attention<B: Backend>(
     queries: Tensor<B, 3>,
     keys: Tensor<B, 3>,
     values: Tensor<B, 3>,
     heads: Heads,
+    window: Option<usize>,
 ) -> Tensor<B, 3> {
     let Heads {
         n_heads,
@@ -80,8 +81,9 @@ pub fn attention<B: Backend>(
     let split = |t: Tensor<B, 3>, rows, n| t.reshape([batch, rows, n, hd]).swap_dims(1, 2);
     let queries = split(queries, seq, n_heads).reshape([batch, n_kv, group * seq, hd]);
     let scores = queries.matmul(split(keys, total, n_kv).swap_dims(2, 3));
-    let scores = if seq > 1 {
-        scores + causal_mask(seq, total - seq, n_kv, group, &device)
+    let window = window.unwrap_or(usize::MAX);
+    let scores = if seq > 1 || total > window {
+        scores + causal_mask(seq, total - seq, window, [n_kv, group], &device)
     } else {
         scores
     };
@@ -94,20 +96,20 @@ pub fn attention<B: Backend>(
 
 /// Additive causal mask `[1, n_kv, group * seq, start + seq]` for the grouped score rows:
 /// row `g * seq + i` is query `i` (at position `start + i`) of any head in a group, and
-/// sees keys `0..=start + i`.
+/// sees keys `0..=start + i`, the last `window` of them.
 fn causal_mask<B: Backend>(
     seq: usize,
     start: usize,
-    n_kv: usize,
-    group: usize,
+    window: usize,
+    [n_kv, group]: [usize; 2],
     device: &B::Device,
 ) -> Tensor<B, 4> {
     let total = start + seq;
     let one_kv_head: Vec<f32> = (0..group * seq)
         .flat_map(|row| {
-            let i = row % seq;
+            let position = start + row % seq;
             (0..total).map(move |j| {
-                if j > start + i {
+                if j > position || position - j >= window {
                     f32::NEG_INFINITY
                 } else {
                     0.0

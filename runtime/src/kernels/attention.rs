@@ -103,6 +103,9 @@ pub struct CausalAttention<'a> {
     /// Position of the first query: keys `0..=start + i` are visible to query `i`.
     pub start: usize,
     pub heads: Heads,
+    /// A sliding window (Mistral's): query `i` sees only the last `window` of its keys,
+    /// `start + i + 1 - window..=start + i`.
+    pub window: Option<usize>,
 }
 
 impl CausalAttention<'_> {
@@ -144,12 +147,14 @@ impl CausalAttention<'_> {
         } = self.heads;
         let width = n_heads * head_dim;
         let rows = out.len() / width;
-        // The block's last row sees the most keys; earlier rows mask the rest of theirs.
-        let visible = self.start + first + rows;
+        // The block's keys: from the first row's earliest to the last row's latest; each
+        // row masks the ones it doesn't see.
+        let keys = self.first_key(self.start + first)..self.start + first + rows;
         SCORES.with_borrow_mut(|scores| {
-            scores.resize(rows * visible, 0.0);
+            scores.resize(rows * keys.len(), 0.0);
             for head in 0..n_heads {
-                self.block_head(batch, first, head, scores, &mut out[head * head_dim..]);
+                let out = &mut out[head * head_dim..];
+                self.block_head(batch, first, head, keys.clone(), scores, out);
             }
         });
     }
@@ -163,7 +168,8 @@ impl CausalAttention<'_> {
         let Heads {
             n_heads, head_dim, ..
         } = self.heads;
-        let visible = self.start + 1;
+        let (first_key, end) = (self.first_key(self.start), self.start + 1);
+        let visible = end - first_key;
         let spans = (visible / MIN_KEYS_PER_SPAN).clamp(1, rayon::current_num_threads());
         let span_len = visible.div_ceil(spans);
         // Per batch entry, span and head: one partial (see `span`).
@@ -174,8 +180,8 @@ impl CausalAttention<'_> {
             .chunks_mut(task_len)
             .enumerate()
             .map(|(i, partials)| {
-                let first = i % spans * span_len;
-                (i / spans, first..(first + span_len).min(visible), partials)
+                let first = first_key + i % spans * span_len;
+                (i / spans, first..(first + span_len).min(end), partials)
             });
         let group = n_heads / self.heads.n_kv_heads;
         team::for_each_part(tasks.collect(), |(batch, keys, partials)| {
@@ -277,6 +283,12 @@ impl CausalAttention<'_> {
         }
     }
 
+    /// The earliest key the query at `position` sees.
+    fn first_key(&self, position: usize) -> usize {
+        self.window
+            .map_or(0, |window| (position + 1).saturating_sub(window))
+    }
+
     /// Values per head in a decoding span's partial result: the span's share of the head's
     /// output, unnormalised (`head_dim`), then its largest score and its sum of
     /// e^(score - largest).
@@ -290,12 +302,13 @@ impl CausalAttention<'_> {
         head / group * self.heads.head_dim
     }
 
-    /// The block of query rows from `first` and one head, through gemm.
+    /// The block of query rows from `first` and one head against `keys`, through gemm.
     fn block_head(
         &self,
         batch: usize,
         first: usize,
         head: usize,
+        keys: std::ops::Range<usize>,
         scores: &mut [f32],
         out_head: &mut [f32],
     ) {
@@ -303,8 +316,8 @@ impl CausalAttention<'_> {
         let width = self.heads.n_heads * head_dim;
         let kv_column = self.kv_column(head);
         let rows = (self.seq - first).min(BLOCK_ROWS);
-        let visible = scores.len() / rows;
-        // scores[r, j] = q[first + r, head] · k[j, kv]
+        let visible = keys.len();
+        // scores[r, j] = q[first + r, head] · k[keys.start + j, kv]
         // SAFETY: `check_bounds` verified every row and column read here is inside
         // the buffers; `scores` holds rows * visible elements.
         unsafe {
@@ -316,12 +329,18 @@ impl CausalAttention<'_> {
                     self.queries.row_stride,
                     1,
                 ),
-                (self.keys.at(batch, 0, kv_column), 1, self.keys.row_stride),
+                (
+                    self.keys.at(batch, keys.start, kv_column),
+                    1,
+                    self.keys.row_stride,
+                ),
             );
         }
         let mut inverse_sums = [0.0f32; BLOCK_ROWS];
-        let first_seen = self.start + first + 1;
-        simd::causal_softmax_rows(scores, visible, first_seen, &mut inverse_sums);
+        // Row 0 (position start + first) sees up to column start + first - keys.start.
+        let first_seen = self.start + first + 1 - keys.start;
+        let window = self.window.unwrap_or(usize::MAX);
+        simd::causal_softmax_rows(scores, visible, first_seen, window, &mut inverse_sums);
         // out[r, head] = softmax(scores)[r] · v[.., kv]
         // SAFETY: as above; `out_head` starts at this head's first column of the block's first
         // row, and the block's `rows` rows of `width` lie within the output.
@@ -331,7 +350,7 @@ impl CausalAttention<'_> {
                 (out_head.as_mut_ptr(), width),
                 (scores.as_ptr(), visible, 1),
                 (
-                    self.values.at(batch, 0, kv_column),
+                    self.values.at(batch, keys.start, kv_column),
                     self.values.row_stride,
                     1,
                 ),

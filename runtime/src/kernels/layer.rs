@@ -12,36 +12,52 @@ use super::attention::{CausalAttention, Heads, Matrix};
 use super::matvec::matvecs;
 use super::simd;
 
-/// A decoder layer's tensors under their Hugging Face names (transformers'
-/// `LlamaDecoderLayer`): `N` a norm's weight, `P` a projection's.
+/// A linear layer's tensors: `M` its weight, `V` its bias, if it has one.
 #[derive(Debug, Clone)]
-pub struct LayerWeights<N, P> {
-    pub input_layernorm: N,
-    pub q_proj: P,
-    pub k_proj: P,
-    pub v_proj: P,
-    pub o_proj: P,
-    pub post_attention_layernorm: N,
-    pub gate_proj: P,
-    pub up_proj: P,
-    pub down_proj: P,
+pub struct Projection<V, M> {
+    pub weight: M,
+    pub bias: Option<V>,
 }
 
-impl<N, P> LayerWeights<N, P> {
-    /// The same layer with every norm weight through `norm` and every projection through
-    /// `projection`; `None` if either gives `None` for any of them.
-    pub fn try_map<'a, M, Q>(
+/// A decoder layer's tensors under their Hugging Face names (transformers'
+/// `LlamaDecoderLayer`): `V` a vector's (a norm's weight, a bias), `M` a matrix's.
+#[derive(Debug, Clone)]
+pub struct LayerWeights<V, M> {
+    pub input_layernorm: V,
+    pub q_proj: Projection<V, M>,
+    pub k_proj: Projection<V, M>,
+    pub v_proj: Projection<V, M>,
+    pub o_proj: Projection<V, M>,
+    pub post_attention_layernorm: V,
+    pub gate_proj: Projection<V, M>,
+    pub up_proj: Projection<V, M>,
+    pub down_proj: Projection<V, M>,
+}
+
+impl<V, M> LayerWeights<V, M> {
+    /// The same layer with every vector through `vector` and every matrix through
+    /// `matrix`; `None` if either gives `None` for any of them.
+    pub fn try_map<'a, W, N>(
         &'a self,
-        norm: impl Fn(&'a N) -> Option<M>,
-        projection: impl Fn(&'a P) -> Option<Q>,
-    ) -> Option<LayerWeights<M, Q>> {
+        vector: impl Fn(&'a V) -> Option<W>,
+        matrix: impl Fn(&'a M) -> Option<N>,
+    ) -> Option<LayerWeights<W, N>> {
+        let projection = |p: &'a Projection<V, M>| {
+            Some(Projection {
+                weight: matrix(&p.weight)?,
+                bias: match &p.bias {
+                    Some(bias) => Some(vector(bias)?),
+                    None => None,
+                },
+            })
+        };
         Some(LayerWeights {
-            input_layernorm: norm(&self.input_layernorm)?,
+            input_layernorm: vector(&self.input_layernorm)?,
             q_proj: projection(&self.q_proj)?,
             k_proj: projection(&self.k_proj)?,
             v_proj: projection(&self.v_proj)?,
             o_proj: projection(&self.o_proj)?,
-            post_attention_layernorm: norm(&self.post_attention_layernorm)?,
+            post_attention_layernorm: vector(&self.post_attention_layernorm)?,
             gate_proj: projection(&self.gate_proj)?,
             up_proj: projection(&self.up_proj)?,
             down_proj: projection(&self.down_proj)?,
@@ -55,6 +71,8 @@ pub struct LayerShape {
     pub heads: Heads,
     /// RMSNorm's epsilon.
     pub epsilon: f32,
+    /// Attention's sliding window, if it has one (see [`CausalAttention::window`]).
+    pub window: Option<usize>,
 }
 
 /// One layer's KV cache for one sequence: `keys` and `values` hold `capacity` positions of
@@ -78,13 +96,17 @@ pub fn decode_layer(
     cos: &[f32],
     sin: &[f32],
 ) {
-    let LayerShape { heads, epsilon } = shape;
+    let LayerShape {
+        heads,
+        epsilon,
+        window,
+    } = shape;
     let w = weights;
     let mut normed = vec![0.0f32; x.len()];
 
     // Attention: pre-norm, q/k/v, RoPE (the score scale goes on q, as in the composed path).
     simd::rms_norm_rows(x, w.input_layernorm, epsilon, &mut normed);
-    let [mut q, mut k, v] = outputs(matvecs(&[w.q_proj, w.k_proj, w.v_proj], &normed));
+    let [mut q, mut k, v] = project([&w.q_proj, &w.k_proj, &w.v_proj], &normed);
     simd::rotary_heads(&mut q, cos, sin, heads.score_scale());
     simd::rotary_heads(&mut k, cos, sin, 1.0);
     // The token's key and value join the cache; it attends to every position so far.
@@ -104,22 +126,38 @@ pub fn decode_layer(
         seq: 1,
         start: position,
         heads,
+        window,
     }
     .run();
     // Output projection, back into the residual stream.
-    let [o] = outputs(matvecs(&[w.o_proj], &attended));
+    let [o] = project([&w.o_proj], &attended);
     add(x, &o);
 
     // MLP: pre-norm, gate and up, SwiGLU, down, residual.
     simd::rms_norm_rows(x, w.post_attention_layernorm, epsilon, &mut normed);
-    let [mut gate, up] = outputs(matvecs(&[w.gate_proj, w.up_proj], &normed));
+    let [mut gate, up] = project([&w.gate_proj, &w.up_proj], &normed);
     simd::silu_mul(&mut gate, &up);
-    let [down] = outputs(matvecs(&[w.down_proj], &gate));
+    let [down] = project([&w.down_proj], &gate);
     add(x, &down);
 }
 
-fn outputs<const N: usize>(outs: Vec<Vec<f32>>) -> [Vec<f32>; N] {
-    outs.try_into().expect("one output per weight")
+/// `x` through projections that share it as input: their matrix-vector products in one
+/// parallel pass, then each one's bias added.
+fn project<const N: usize>(
+    projections: [&Projection<&[f32], &[f32]>; N],
+    x: &[f32],
+) -> [Vec<f32>; N] {
+    let weights = projections.map(|p| p.weight);
+    let outs: [Vec<f32>; N] = matvecs(&weights, x)
+        .try_into()
+        .expect("one output per weight");
+    let mut outs = outs;
+    for (out, projection) in outs.iter_mut().zip(projections) {
+        if let Some(bias) = projection.bias {
+            add(out, bias);
+        }
+    }
+    outs
 }
 
 fn add(residual: &mut [f32], x: &[f32]) {

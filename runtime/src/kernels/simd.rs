@@ -40,21 +40,26 @@ macro_rules! multiversioned {
 }
 
 multiversioned! {
-    /// Causal softmax numerators: row `r` of `scores` (rows of `width`) keeps its first
-    /// `first_seen + r` entries as `e^(x - max)` and zeroes the rest, and `inverse_sums[r]`
-    /// gets `1 / sum` of the kept ones, so the caller can normalise after multiplying by the
-    /// values.
+    /// Causal softmax numerators: row `r` of `scores` (rows of `width`) keeps its entries
+    /// `first_seen + r - window..first_seen + r` (from 0 if that is negative) as
+    /// `e^(x - max)` and zeroes the rest, and `inverse_sums[r]` gets `1 / sum` of the kept
+    /// ones, so the caller can normalise after multiplying by the values. Without a sliding
+    /// window, `window` is `usize::MAX`.
     pub fn causal_softmax_rows(
         scores: &mut [f32],
         width: usize,
         first_seen: usize,
+        window: usize,
         inverse_sums: &mut [f32],
     ) {
         let rows = scores.chunks_exact_mut(width).zip(inverse_sums);
         for (r, (row, inverse_sum)) in rows.enumerate() {
-            let (seen, masked) = row.split_at_mut(first_seen + r);
+            let end = first_seen + r;
+            let (row, after) = row.split_at_mut(end);
+            let (before, seen) = row.split_at_mut(end.saturating_sub(window));
             *inverse_sum = 1.0 / exp_shifted_sum(seen, max(seen));
-            masked.fill(0.0);
+            before.fill(0.0);
+            after.fill(0.0);
         }
     }
 }
@@ -360,19 +365,24 @@ mod tests {
             .map(|i| ((i * 37) % 101) as f32 * 0.13 - 6.0)
             .collect();
         let (rows, first_seen) = (3, 990);
-        let mut scores = row.repeat(rows);
-        let mut inverse_sums = [0.0; 3];
-        causal_softmax_rows(&mut scores, width, first_seen, &mut inverse_sums);
-        for (r, out) in scores.chunks(width).enumerate() {
-            let seen = first_seen + r;
-            let max = row[..seen].iter().copied().fold(f32::MIN, f32::max);
-            let exact: Vec<f32> = row[..seen].iter().map(|x| (x - max).exp()).collect();
-            for (a, b) in out.iter().zip(&exact) {
-                assert!(ulps(*a, *b) <= 2, "{a} vs {b}");
+        // No window, a window shorter than every row, and one that only the last rows pass.
+        for window in [usize::MAX, 300, 991] {
+            let mut scores = row.repeat(rows);
+            let mut inverse_sums = [0.0; 3];
+            causal_softmax_rows(&mut scores, width, first_seen, window, &mut inverse_sums);
+            for (r, out) in scores.chunks(width).enumerate() {
+                let end = first_seen + r;
+                let seen = end.saturating_sub(window)..end;
+                let max = row[seen.clone()].iter().copied().fold(f32::MIN, f32::max);
+                let exact: Vec<f32> = row[seen.clone()].iter().map(|x| (x - max).exp()).collect();
+                for (a, b) in out[seen.clone()].iter().zip(&exact) {
+                    assert!(ulps(*a, *b) <= 2, "{a} vs {b}");
+                }
+                assert!(out[end..].iter().all(|&x| x == 0.0));
+                assert!(out[..seen.start].iter().all(|&x| x == 0.0));
+                let sum: f32 = exact.iter().sum();
+                assert!((1.0 / inverse_sums[r] - sum).abs() <= 1e-5 * sum);
             }
-            assert!(out[seen..].iter().all(|&x| x == 0.0));
-            let sum: f32 = exact.iter().sum();
-            assert!((1.0 / inverse_sums[r] - sum).abs() <= 1e-5 * sum);
         }
         let (d_in, d_out) = (37, 11); // neither a multiple of the lanes nor of 4 rows
         let weight: Vec<f32> = (0..d_in * d_out).map(|i| (i % 13) as f32 - 6.0).collect();

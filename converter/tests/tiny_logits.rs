@@ -1,9 +1,13 @@
-//! The forward pass against transformers: a tiny random Llama (grouped-query attention,
-//! untied lm_head, rope_theta 500, random norm weights, transformers 5 `rope_parameters`
-//! config) converted and run by the runtime must give the logits transformers computed for
-//! its 100-token sequence.
-//! Fixture: tests/data/tiny, made by scripts/make_tiny_fixture.py (its `made_by` field
-//! names the versions).
+//! The forward pass against transformers: tiny random checkpoints converted and run by the
+//! runtime must give the logits transformers computed for their 100-token sequences.
+//! - tests/data/tiny: Llama (grouped-query attention, untied lm_head, rope_theta 500, random
+//!   norm weights, transformers 5 `rope_parameters` config), f32;
+//! - tests/data/tiny-VARIANT: one per Llama-family variant (Llama 3.x RoPE scaling with
+//!   explicit head_dim and biases, linear scaling, Mistral's sliding window, Qwen2's biases,
+//!   YaRN), bf16, with randomised biases and norms, each fixture checked when made to move by
+//!   far more than the tolerance with its feature switched off.
+//!
+//! All made by scripts/make_tiny_fixture.py (`made_by` in each names the versions).
 
 mod common;
 
@@ -16,6 +20,13 @@ use serde::Deserialize;
 struct Fixture {
     ids: Vec<u32>,
     logits: Vec<Vec<f32>>,
+}
+
+/// A family fixture's fixture.json; its logits are logits.bin, `[ids, vocab_size]` f32.
+#[derive(Deserialize)]
+struct FamilyFixture {
+    ids: Vec<u32>,
+    vocab_size: usize,
 }
 
 /// Largest absolute difference; transformers and Burn sum in different orders, so f32
@@ -49,35 +60,67 @@ fn assert_matches<B: KernelBackend>(generator: &Generator<B>, fixture: &Fixture,
     let diff = max_diff(&stepwise, &fixture.logits);
     assert!(diff < 1e-4, "{what}: decode logits differ by {diff}");
 
+    // Chunks of 10, 1, 1, 33, 1 and 54 positions: prompts after cached positions too.
     let mut cache = generator.new_cache(n).unwrap();
-    let mut mixed = generator
-        .forward_logits(&fixture.ids[..10], &mut cache, true)
-        .unwrap();
-    for &id in &fixture.ids[10..] {
-        mixed.extend(generator.forward_logits(&[id], &mut cache, false).unwrap());
+    let mut mixed = Vec::new();
+    let mut at = 0;
+    for chunk in [10, 1, 1, 33, 1, n - 46] {
+        let ids = &fixture.ids[at..at + chunk];
+        mixed.extend(generator.forward_logits(ids, &mut cache, true).unwrap());
+        at += chunk;
     }
     let diff = max_diff(&mixed, &fixture.logits);
     assert!(diff < 1e-4, "{what}: mixed logits differ by {diff}");
 }
 
-/// burn-flex at 1, 2, 3 and 5 threads (a decoded token's attention splits its up to 100
-/// keys into one span per thread, and the products split their rows), and burn-ndarray.
-#[test]
-fn logits_match_transformers() {
-    let fixture_dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny");
-    let fixture: Fixture =
-        serde_json::from_str(&std::fs::read_to_string(fixture_dir.join("logits.json")).unwrap())
-            .unwrap();
+fn data_dir(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data")
+        .join(name)
+}
+
+/// Converts the checkpoint in `dir` and checks its logits on burn-flex at 1, 2, 3 and 5
+/// threads (a decoded token's attention splits its up to 100 keys into one span per
+/// thread, and the products split their rows) and on burn-ndarray (the reference ops).
+fn convert_and_check(dir: &std::path::Path, fixture: &Fixture) {
     let tmp = tempfile::tempdir().unwrap();
-    let run = common::converter(&[&"convert", &fixture_dir, &tmp.path()]);
-    assert!(run.success, "{}", run.stderr);
+    let run = common::converter(&[&"convert", &dir, &tmp.path()]);
+    assert!(run.success, "{}: {}", dir.display(), run.stderr);
     let flex = Generator::<FlexBackend>::load(tmp.path(), &Default::default()).unwrap();
     for threads in [1, 2, 3, 5] {
-        runtime::in_thread_pool(Some(threads), || {
-            assert_matches(&flex, &fixture, &format!("flex, {threads} threads"))
-        })
-        .unwrap();
+        let what = format!("{}, flex, {threads} threads", dir.display());
+        runtime::in_thread_pool(Some(threads), || assert_matches(&flex, fixture, &what)).unwrap();
     }
     let ndarray = Generator::<NdArrayBackend>::load(tmp.path(), &Default::default()).unwrap();
-    assert_matches(&ndarray, &fixture, "ndarray");
+    assert_matches(&ndarray, fixture, &format!("{}, ndarray", dir.display()));
+}
+
+#[test]
+fn logits_match_transformers() {
+    let dir = data_dir("tiny");
+    let fixture: Fixture =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("logits.json")).unwrap()).unwrap();
+    convert_and_check(&dir, &fixture);
+}
+
+/// Every Llama-family variant's logits, prefill, decode and mixed, within 1e-4.
+#[test]
+fn family_logits_match_transformers() {
+    for variant in ["llama3", "linear", "mistral", "qwen2", "yarn"] {
+        let dir = data_dir(&format!("tiny-{variant}"));
+        let meta: FamilyFixture =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("fixture.json")).unwrap())
+                .unwrap();
+        let bytes = std::fs::read(dir.join("logits.bin")).unwrap();
+        let flat: Vec<f32> = bytes
+            .chunks_exact(4)
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        assert_eq!(flat.len(), meta.ids.len() * meta.vocab_size, "{variant}");
+        let fixture = Fixture {
+            logits: flat.chunks(meta.vocab_size).map(<[f32]>::to_vec).collect(),
+            ids: meta.ids,
+        };
+        convert_and_check(&dir, &fixture);
+    }
 }

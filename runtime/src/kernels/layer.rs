@@ -148,10 +148,9 @@ fn project<const N: usize>(
     x: &[f32],
 ) -> [Vec<f32>; N] {
     let weights = projections.map(|p| p.weight);
-    let outs: [Vec<f32>; N] = matvecs(&weights, x)
+    let mut outs: [Vec<f32>; N] = matvecs(&weights, x)
         .try_into()
         .expect("one output per weight");
-    let mut outs = outs;
     for (out, projection) in outs.iter_mut().zip(projections) {
         if let Some(bias) = projection.bias {
             add(out, bias);

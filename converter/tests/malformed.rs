@@ -339,6 +339,50 @@ const CASES: &[Case] = &[
         expected: "unsupported architecture BertModel",
         setup: |d| config_case(d, |c| c["architectures"] = json!(["BertModel"])),
     },
+    // Llama-family relatives this runtime does not run: each refused by name.
+    Case {
+        name: "config: Gemma 2",
+        expected: "unsupported architecture Gemma2ForCausalLM",
+        setup: |d| config_case(d, |c| c["architectures"] = json!(["Gemma2ForCausalLM"])),
+    },
+    Case {
+        name: "config: Phi-3 (fused qkv)",
+        expected: "unsupported architecture Phi3ForCausalLM",
+        setup: |d| config_case(d, |c| c["architectures"] = json!(["Phi3ForCausalLM"])),
+    },
+    Case {
+        name: "config: Mixtral (mixture of experts)",
+        expected: "unsupported architecture MixtralForCausalLM",
+        setup: |d| config_case(d, |c| c["architectures"] = json!(["MixtralForCausalLM"])),
+    },
+    Case {
+        name: "config: dynamic RoPE scaling",
+        expected: "rope_type \"dynamic\" is not supported",
+        setup: |d| {
+            config_case(d, |c| {
+                c["rope_scaling"] = json!({"rope_type": "dynamic", "factor": 2.0})
+            })
+        },
+    },
+    Case {
+        name: "config: Qwen2 with its sliding window on",
+        expected: "use_sliding_window: true is not supported",
+        setup: |d| {
+            config_case(d, |c| {
+                c["architectures"] = json!(["Qwen2ForCausalLM"]);
+                c["use_sliding_window"] = json!(true);
+            })
+        },
+    },
+    Case {
+        name: "config: llama3 scaling without its frequencies",
+        expected: "needs a positive low_freq_factor",
+        setup: |d| {
+            config_case(d, |c| {
+                c["rope_scaling"] = json!({"rope_type": "llama3", "factor": 8.0})
+            })
+        },
+    },
     Case {
         name: "tokenizer: not a tokenizer.json",
         expected: "tokenizer.json",

@@ -109,7 +109,10 @@ impl Checkpoint {
             .tensors
             .get(name)
             .with_context(|| format!("tensor {name} is missing"))?;
-        decode_f32(name, meta, self.shards[meta.shard].bytes())
+        let shard = &self.shards[meta.shard];
+        let values = decode_f32(name, meta, shard.bytes());
+        shard.release(meta.start..meta.end);
+        values
     }
 }
 

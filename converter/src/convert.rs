@@ -24,7 +24,7 @@ use safetensors::Dtype;
 use crate::checkpoint::Checkpoint;
 use crate::digest::{PROBE_TEXT, digests, probe};
 use crate::names::{self, Transform};
-use crate::record::{B, Source, load_weights, save_record};
+use crate::record::{B, Source, write_record};
 use crate::staging::Staging;
 
 /// Files copied from the checkpoint into the artifact: (name, required, most bytes).
@@ -66,8 +66,7 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
         staging.write(name, bytes)?;
         artifact_files.push(name.to_string());
     }
-    let model = load_weights(model, &checkpoint, sources)?;
-    save_record(model, &staging)?;
+    write_record(model, &checkpoint, sources, &staging)?;
 
     let source_files = side_files
         .iter()

@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use memmap2::Mmap;
+use memmap2::{Mmap, UncheckedAdvice};
 use runtime::files::open_regular;
 
 /// A file mapped read-only into memory.
@@ -25,5 +25,24 @@ impl MappedFile {
 
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+
+    /// Drops the pages of `range` from this process's memory (they count in its RSS while
+    /// mapped): a converter done with a tensor keeps one tensor's pages, not the whole
+    /// checkpoint's. Reading them again reloads them from the file; failing to drop them
+    /// only costs memory, so errors are ignored.
+    pub fn release(&self, range: std::ops::Range<usize>) {
+        let end = range.end.min(self.map.len());
+        if range.start < end {
+            // SAFETY: the map is a read-only private file mapping: dropped pages are read
+            // back from the file, so no data is lost and no reference sees a change.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    UncheckedAdvice::DontNeed,
+                    range.start,
+                    end - range.start,
+                )
+            };
+        }
     }
 }

@@ -1,8 +1,18 @@
-//! The Burn record: the runtime's module filled from checkpoint tensors, and its file.
+//! The Burn record: the runtime's module, written with the runtime's recorder format, its
+//! parameters' values streamed from the checkpoint one tensor at a time.
+//!
+//! Why streamed: the record is f32, twice the bytes of a bf16 checkpoint, and Burn's
+//! recorder serializes a module whose tensors are all in memory: a 1B-parameter model would
+//! need 5 GB of f32 tensors at once. Instead the module's parameters are placeholders
+//! (zeroed allocations the OS never backs with memory until written, and nothing writes
+//! them) and the file writer swaps each placeholder's bytes, as the serializer reaches
+//! them, for the tensor's values decoded from the checkpoint. Memory holds one tensor at a
+//! time; the bytes are those `NamedMpkFileRecorder` writes (tests/convert.rs compares them).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
+use std::io::Write;
 
-use anyhow::{Context, Result, anyhow};
+use anyhow::{Context, Result, anyhow, bail};
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::record::{BurnRecord, FullPrecisionSettings, Record};
 use burn::tensor::{Tensor, TensorData};
@@ -24,60 +34,74 @@ pub struct Source {
     pub transform: Transform,
 }
 
-/// Decodes each tensor into the module, one at a time, with a deterministic `ParamId`.
-pub fn load_weights(
+/// Writes the record of `model` into `staging`, each parameter (by record field path) from
+/// its source in `checkpoint`. Saves exactly as `NamedMpkFileRecorder::record` would (same
+/// `BurnRecord` envelope, same `rmp_serde::encode::write_named`), but through a writer
+/// whose flush and fsync errors we see: the recorder drops its `BufWriter`, losing a failed
+/// final write.
+pub fn write_record(
     model: Llama<B>,
     checkpoint: &Checkpoint,
     sources: BTreeMap<String, Source>,
-) -> Result<Llama<B>> {
-    let progress = ProgressBar::new(sources.len() as u64).with_style(
+    staging: &Staging,
+) -> Result<()> {
+    let mut placeholders = Placeholders {
+        path: Vec::new(),
+        order: VecDeque::new(),
+    };
+    let model = model.map(&mut placeholders);
+    let progress = ProgressBar::new(placeholders.order.len() as u64).with_style(
         ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} tensors")
             .expect("valid template")
             .progress_chars("=> "),
     );
     progress.set_message("converting");
-    let mut loader = Loader {
+    let item = model.into_record().into_item::<FullPrecisionSettings>();
+    let record = BurnRecord::<_, B>::new::<ArtifactRecorder>(item);
+    let mut writer = Substitute {
+        file: staging.create_file(MODEL_FILE)?,
+        pending: placeholders.order,
         checkpoint,
         sources,
-        path: Vec::new(),
         progress,
         error: None,
     };
-    let model = model.map(&mut loader);
-    loader.progress.finish_and_clear();
-    match loader.error {
-        Some(error) => Err(error),
-        None => Ok(model),
+    let written = rmp_serde::encode::write_named(&mut writer, &record);
+    writer.progress.finish_and_clear();
+    if let Some(error) = writer.error {
+        return Err(error);
+    }
+    written.context("cannot write the record")?;
+    if let Some(placeholder) = writer.pending.front() {
+        bail!(
+            "the record's layout changed: parameter {} was not written",
+            placeholder.path
+        );
+    }
+    finish(writer.file).context("cannot write the record")
+}
+
+/// A parameter whose values are not in memory yet.
+struct Placeholder {
+    /// Record field path, `layers.0.self_attn.q_proj.weight`.
+    path: String,
+    shape: Vec<usize>,
+}
+
+impl Placeholder {
+    fn bytes(&self) -> usize {
+        self.shape.iter().product::<usize>() * size_of::<f32>()
     }
 }
 
-struct Loader<'a> {
-    checkpoint: &'a Checkpoint,
-    sources: BTreeMap<String, Source>,
+/// Gives every parameter zeroed values and a deterministic `ParamId`, and lists them in
+/// the order the record serializes them (the module's field order, as it visits them).
+struct Placeholders {
     path: Vec<String>,
-    progress: ProgressBar,
-    /// `ModuleMapper` can't return errors: the first one is kept here.
-    error: Option<anyhow::Error>,
+    order: VecDeque<Placeholder>,
 }
 
-impl Loader<'_> {
-    fn tensor<const D: usize>(&self, path: &str, shape: Vec<usize>) -> Result<Tensor<B, D>> {
-        let source = self
-            .sources
-            .get(path)
-            .ok_or_else(|| anyhow!("no source planned for {path}"))?;
-        let mut values = self.checkpoint.read_f32(&source.hf_name)?;
-        if source.transform == Transform::Transpose {
-            values = transpose(&values, shape[1], shape[0]);
-        }
-        Ok(Tensor::from_data(
-            TensorData::new(values, shape),
-            &Default::default(),
-        ))
-    }
-}
-
-impl ModuleMapper<B> for Loader<'_> {
+impl ModuleMapper<B> for Placeholders {
     fn enter_module(&mut self, name: &str, _container_type: &str) {
         self.path.push(name.to_string());
     }
@@ -87,20 +111,78 @@ impl ModuleMapper<B> for Loader<'_> {
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        if self.error.is_some() {
-            return param;
-        }
         let path = self.path.join(".");
-        match self.tensor::<D>(&path, param.lazy_shape().to_vec()) {
-            Ok(tensor) => {
+        let shape = param.lazy_shape().to_vec();
+        // `vec![0.0; n]` is a zeroed allocation: pages the OS maps on first write only.
+        let zeros = vec![0.0f32; shape.iter().product()];
+        let tensor = Tensor::from_data(TensorData::new(zeros, shape.clone()), &Default::default());
+        self.order.push_back(Placeholder {
+            path: path.clone(),
+            shape,
+        });
+        Param::initialized(param_id(&path), tensor)
+    }
+}
+
+/// The record file's writer: passes the serializer's output through, except each
+/// placeholder's bytes, which it replaces with the parameter's values.
+///
+/// The serializer writes a tensor's bytes with one `write_all` after their length header,
+/// in the order `Placeholders` listed them; a write is taken for the next placeholder only
+/// if it has that placeholder's length and is all zeros (what the placeholder holds), so a
+/// change in Burn's layout fails the conversion (a placeholder left over) instead of
+/// writing a wrong file.
+struct Substitute<'a, W: Write> {
+    file: W,
+    pending: VecDeque<Placeholder>,
+    checkpoint: &'a Checkpoint,
+    sources: BTreeMap<String, Source>,
+    progress: ProgressBar,
+    /// The first error decoding a tensor (`Write` can only return `io::Error`s).
+    error: Option<anyhow::Error>,
+}
+
+impl<W: Write> Substitute<'_, W> {
+    /// The parameter's values from the checkpoint, as little-endian f32 bytes.
+    fn values(&self, placeholder: &Placeholder) -> Result<Vec<u8>> {
+        let source = self
+            .sources
+            .get(&placeholder.path)
+            .ok_or_else(|| anyhow!("no source planned for {}", placeholder.path))?;
+        let mut values = self.checkpoint.read_f32(&source.hf_name)?;
+        if source.transform == Transform::Transpose {
+            let shape = &placeholder.shape;
+            values = transpose(&values, shape[1], shape[0]);
+        }
+        Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+}
+
+impl<W: Write> Write for Substitute<'_, W> {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let is_placeholder = self.pending.front().is_some_and(|next| {
+            next.bytes() == buf.len() && !buf.is_empty() && buf.iter().all(|&b| b == 0)
+        });
+        if !is_placeholder {
+            return self.file.write(buf);
+        }
+        let placeholder = self.pending.pop_front().expect("checked above");
+        match self.values(&placeholder) {
+            Ok(values) => {
+                self.file.write_all(&values)?;
                 self.progress.inc(1);
-                Param::initialized(param_id(&path), tensor)
+                Ok(buf.len())
             }
-            Err(e) => {
-                self.error = Some(e);
-                param
+            Err(error) => {
+                let message = error.to_string();
+                self.error = Some(error);
+                Err(std::io::Error::other(message))
             }
         }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
     }
 }
 
@@ -125,17 +207,6 @@ pub fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
         }
     }
     out
-}
-
-/// Saves the module exactly as `NamedMpkFileRecorder::record` would (same `BurnRecord`
-/// envelope, same `rmp_serde::encode::write_named`), but through a writer whose flush and
-/// fsync errors we see: the recorder drops its `BufWriter`, losing a failed final write.
-pub fn save_record(model: Llama<B>, staging: &Staging) -> Result<()> {
-    let item = model.into_record().into_item::<FullPrecisionSettings>();
-    let record = BurnRecord::<_, B>::new::<ArtifactRecorder>(item);
-    let mut writer = staging.create_file(MODEL_FILE)?;
-    rmp_serde::encode::write_named(&mut writer, &record).context("cannot write the record")?;
-    finish(writer).context("cannot write the record")
 }
 
 #[cfg(test)]

@@ -6,6 +6,7 @@
 //! only when asked for, one tensor at a time.
 
 use std::collections::BTreeMap;
+use std::io::Write;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
@@ -103,16 +104,108 @@ impl Checkpoint {
         })
     }
 
-    /// The tensor's values as f32 (bf16 and f16 widen exactly).
-    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+    /// Writes tensor `name`'s values into `out` as little-endian f32 (bf16 and f16 widen
+    /// exactly), as stored or, with `transpose`, a `[rows, cols]` matrix as `[cols, rows]`.
+    ///
+    /// A block at a time: memory holds a few MB of output and the tensor's mapped pages,
+    /// which are dropped when it is done, not a tensor's worth of f32 (an embedding of
+    /// 128k × 2048 is a GB, its transposed copy for lm_head another).
+    pub fn write_f32(&self, name: &str, transpose: bool, out: &mut impl Write) -> Result<()> {
         let meta = self
             .tensors
             .get(name)
             .with_context(|| format!("tensor {name} is missing"))?;
         let shard = &self.shards[meta.shard];
-        let values = decode_f32(name, meta, shard.bytes());
+        write_tensor(name, meta, shard.bytes(), transpose, BLOCK, out)?;
         shard.release(meta.start..meta.end);
-        values
+        Ok(())
+    }
+}
+
+/// [`Checkpoint::write_f32`] for tensor `name` (found by [`read_header`] in `shard_bytes`),
+/// `block` output elements at a time.
+pub fn write_tensor(
+    name: &str,
+    meta: &TensorMeta,
+    shard_bytes: &[u8],
+    transpose: bool,
+    block: usize,
+    out: &mut impl Write,
+) -> Result<()> {
+    let bytes = &shard_bytes[meta.start..meta.end];
+    let width = dtype_width(name, meta.dtype)?;
+    let mut values = Vec::with_capacity(block);
+    let mut encoded = Vec::with_capacity(block * 4);
+    let mut emit = |values: &[f32]| {
+        encoded.clear();
+        encoded.extend(values.iter().flat_map(|v| v.to_le_bytes()));
+        out.write_all(&encoded)
+    };
+    if !transpose {
+        for chunk in bytes.chunks(block * width) {
+            values.clear();
+            decode_into(meta.dtype, chunk, &mut values);
+            emit(&values)?;
+        }
+        return Ok(());
+    }
+    let &[rows, cols] = meta.shape.as_slice() else {
+        bail!("tensor {name} is not a matrix: shape {:?}", meta.shape);
+    };
+    // Output rows `first..first + n` are source columns: gathered from every source row,
+    // `n` contiguous elements of each.
+    let n_per_block = (block / rows.max(1)).clamp(1, cols.max(1));
+    let mut row = Vec::with_capacity(n_per_block);
+    for first in (0..cols).step_by(n_per_block) {
+        let n = n_per_block.min(cols - first);
+        values.clear();
+        values.resize(n * rows, 0.0);
+        for r in 0..rows {
+            let at = (r * cols + first) * width;
+            row.clear();
+            decode_into(meta.dtype, &bytes[at..at + n * width], &mut row);
+            for (c, &v) in row.iter().enumerate() {
+                values[c * rows + r] = v;
+            }
+        }
+        emit(&values)?;
+    }
+    Ok(())
+}
+
+/// Output elements per write in [`Checkpoint::write_f32`] (16 MB of f32).
+const BLOCK: usize = 1 << 22;
+
+/// Bytes per element of the dtypes the converter reads.
+fn dtype_width(name: &str, dtype: Dtype) -> Result<usize> {
+    Ok(match dtype {
+        Dtype::F32 => 4,
+        Dtype::BF16 | Dtype::F16 => 2,
+        other => {
+            bail!("tensor {name} has unsupported dtype {other:?} (supported: F32, BF16, F16)")
+        }
+    })
+}
+
+/// Appends the elements of `bytes` (of a dtype [`dtype_width`] accepts) to `out` as f32.
+fn decode_into(dtype: Dtype, bytes: &[u8], out: &mut Vec<f32>) {
+    match dtype {
+        Dtype::F32 => out.extend(
+            bytes
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])),
+        ),
+        Dtype::BF16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
+        Dtype::F16 => out.extend(
+            bytes
+                .chunks_exact(2)
+                .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32()),
+        ),
+        _ => unreachable!("dtype_width accepts only F32, BF16 and F16"),
     }
 }
 
@@ -141,24 +234,67 @@ pub fn read_header(
         .collect())
 }
 
-/// The values of tensor `name` (found by [`read_header`] in `shard_bytes`) as f32.
-pub fn decode_f32(name: &str, meta: &TensorMeta, shard_bytes: &[u8]) -> Result<Vec<f32>> {
-    let bytes = &shard_bytes[meta.start..meta.end];
-    Ok(match meta.dtype {
-        Dtype::F32 => bytes
-            .chunks_exact(4)
-            .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-            .collect(),
-        Dtype::BF16 => bytes
-            .chunks_exact(2)
-            .map(|c| bf16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        Dtype::F16 => bytes
-            .chunks_exact(2)
-            .map(|c| f16::from_le_bytes([c[0], c[1]]).to_f32())
-            .collect(),
-        other => {
-            bail!("tensor {name} has unsupported dtype {other:?} (supported: F32, BF16, F16)")
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every element lands where a transpose puts it, for each dtype, with blocks of one
+    /// column, several and all; as stored, the bytes are the values in order.
+    #[test]
+    fn writes_values_as_stored_and_transposed() {
+        let (rows, cols) = (37, 70);
+        // Small integers: exact in every dtype, and no two neighbours equal.
+        let values: Vec<f32> = (0..rows * cols)
+            .map(|i| ((i * 7) % 251) as f32 - 125.0)
+            .collect();
+        for (dtype, bytes) in [
+            (
+                Dtype::F32,
+                values
+                    .iter()
+                    .flat_map(|v| v.to_le_bytes())
+                    .collect::<Vec<u8>>(),
+            ),
+            (
+                Dtype::BF16,
+                values
+                    .iter()
+                    .flat_map(|v| bf16::from_f32(*v).to_le_bytes())
+                    .collect(),
+            ),
+            (
+                Dtype::F16,
+                values
+                    .iter()
+                    .flat_map(|v| f16::from_f32(*v).to_le_bytes())
+                    .collect(),
+            ),
+        ] {
+            let meta = TensorMeta {
+                dtype,
+                shape: vec![rows, cols],
+                shard: 0,
+                start: 0,
+                end: bytes.len(),
+            };
+            let written = |transpose, block| {
+                let mut out = Vec::new();
+                write_tensor("t", &meta, &bytes, transpose, block, &mut out).unwrap();
+                let floats: Vec<f32> = out
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
+                    .collect();
+                floats
+            };
+            for block in [1, 100, 37 * 3, 1 << 20] {
+                assert!(written(false, block) == values, "{dtype:?}, block {block}");
+                let t = written(true, block);
+                for r in 0..rows {
+                    for c in 0..cols {
+                        assert_eq!(t[c * rows + r], values[r * cols + c], "{dtype:?}");
+                    }
+                }
+            }
         }
-    })
+    }
 }

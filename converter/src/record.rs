@@ -143,18 +143,14 @@ struct Substitute<'a, W: Write> {
 }
 
 impl<W: Write> Substitute<'_, W> {
-    /// The parameter's values from the checkpoint, as little-endian f32 bytes.
-    fn values(&self, placeholder: &Placeholder) -> Result<Vec<u8>> {
+    /// Writes the parameter's values from the checkpoint, as little-endian f32 bytes.
+    fn write_values(&mut self, placeholder: &Placeholder) -> Result<()> {
         let source = self
             .sources
             .get(&placeholder.path)
             .ok_or_else(|| anyhow!("no source planned for {}", placeholder.path))?;
-        let mut values = self.checkpoint.read_f32(&source.hf_name)?;
-        if source.transform == Transform::Transpose {
-            let shape = &placeholder.shape;
-            values = transpose(&values, shape[1], shape[0]);
-        }
-        Ok(values.iter().flat_map(|v| v.to_le_bytes()).collect())
+        let transpose = source.transform == Transform::Transpose;
+        (self.checkpoint).write_f32(&source.hf_name, transpose, &mut self.file)
     }
 }
 
@@ -167,9 +163,8 @@ impl<W: Write> Write for Substitute<'_, W> {
             return self.file.write(buf);
         }
         let placeholder = self.pending.pop_front().expect("checked above");
-        match self.values(&placeholder) {
-            Ok(values) => {
-                self.file.write_all(&values)?;
+        match self.write_values(&placeholder) {
+            Ok(()) => {
                 self.progress.inc(1);
                 Ok(buf.len())
             }
@@ -191,37 +186,4 @@ impl<W: Write> Write for Substitute<'_, W> {
 fn param_id(path: &str) -> ParamId {
     let digest = Sha256::digest(path.as_bytes());
     ParamId::from(u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")))
-}
-
-/// Row-major `[rows, cols]` → `[cols, rows]`, in tiles to stay in cache.
-pub fn transpose(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    const TILE: usize = 32;
-    let mut out = vec![0.0; values.len()];
-    for r0 in (0..rows).step_by(TILE) {
-        for c0 in (0..cols).step_by(TILE) {
-            for r in r0..(r0 + TILE).min(rows) {
-                for c in c0..(c0 + TILE).min(cols) {
-                    out[c * rows + r] = values[r * cols + c];
-                }
-            }
-        }
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn transpose_moves_every_element() {
-        let (rows, cols) = (37, 70);
-        let values: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
-        let t = transpose(&values, rows, cols);
-        for r in 0..rows {
-            for c in 0..cols {
-                assert_eq!(t[c * rows + r], values[r * cols + c]);
-            }
-        }
-    }
 }

@@ -1,7 +1,7 @@
 //! A safetensors file as `convert` reads it: header, then every tensor widened to f32.
 #![no_main]
 
-use converter::checkpoint::{decode_f32, read_header};
+use converter::checkpoint::{read_header, write_tensor};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -9,6 +9,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for (name, meta) in &tensors {
-        let _ = decode_f32(name, meta, data);
+        for transpose in [false, true] {
+            let _ = write_tensor(name, meta, data, transpose, 1 << 10, &mut std::io::sink());
+        }
     }
 });

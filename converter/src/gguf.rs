@@ -10,9 +10,10 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
-use half::f16;
 
 use crate::mmap::MappedFile;
+pub use crate::quants::GgmlType;
+use crate::quants::dequantize;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
@@ -66,88 +67,6 @@ impl Value {
         match self {
             Value::String(s) => Some(s),
             _ => None,
-        }
-    }
-}
-
-/// ggml tensor types: the ones we dequantize, and the names of the others for errors.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum GgmlType {
-    F32,
-    F16,
-    Bf16,
-    Q4_0,
-    Q4_1,
-    Q8_0,
-    /// Known to ggml, not supported here: the id and its ggml name.
-    Unsupported(u32, &'static str),
-}
-
-impl GgmlType {
-    fn from_id(id: u32) -> Result<Self> {
-        Ok(match id {
-            0 => Self::F32,
-            1 => Self::F16,
-            2 => Self::Q4_0,
-            3 => Self::Q4_1,
-            8 => Self::Q8_0,
-            30 => Self::Bf16,
-            _ => {
-                let name = match id {
-                    6 => "Q5_0",
-                    7 => "Q5_1",
-                    9 => "Q8_1",
-                    10 => "Q2_K",
-                    11 => "Q3_K",
-                    12 => "Q4_K",
-                    13 => "Q5_K",
-                    14 => "Q6_K",
-                    15 => "Q8_K",
-                    16 => "IQ2_XXS",
-                    17 => "IQ2_XS",
-                    18 => "IQ3_XXS",
-                    19 => "IQ1_S",
-                    20 => "IQ4_NL",
-                    21 => "IQ3_S",
-                    22 => "IQ2_S",
-                    23 => "IQ4_XS",
-                    24 => "I8",
-                    25 => "I16",
-                    26 => "I32",
-                    27 => "I64",
-                    28 => "F64",
-                    29 => "IQ1_M",
-                    34 => "TQ1_0",
-                    35 => "TQ2_0",
-                    39 => "MXFP4",
-                    _ => bail!("unknown ggml tensor type id {id}"),
-                };
-                Self::Unsupported(id, name)
-            }
-        })
-    }
-
-    pub fn name(self) -> &'static str {
-        match self {
-            Self::F32 => "F32",
-            Self::F16 => "F16",
-            Self::Bf16 => "BF16",
-            Self::Q4_0 => "Q4_0",
-            Self::Q4_1 => "Q4_1",
-            Self::Q8_0 => "Q8_0",
-            Self::Unsupported(_, name) => name,
-        }
-    }
-
-    /// (elements per block, bytes per block)
-    fn block(self) -> Option<(u64, u64)> {
-        match self {
-            Self::F32 => Some((1, 4)),
-            Self::F16 | Self::Bf16 => Some((1, 2)),
-            Self::Q4_0 => Some((32, 18)),
-            Self::Q4_1 => Some((32, 20)),
-            Self::Q8_0 => Some((32, 34)),
-            Self::Unsupported(..) => None,
         }
     }
 }
@@ -236,63 +155,6 @@ impl Gguf {
 pub fn read_tensor(file: &[u8], info: &TensorInfo) -> Result<Vec<f32>> {
     let bytes = &file[info.start..info.start + info.len];
     dequantize(info.ggml_type, bytes, info.numel()).with_context(|| format!("tensor {}", info.name))
-}
-
-/// Decodes `numel` values of type `ty` from `bytes` (whose length was checked at open).
-pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>> {
-    let f16_at = |b: &[u8], i: usize| f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
-    // No format holds more than two values per byte: capacity stays bounded by the file
-    // even when `numel` comes from a tensor whose type (and so byte length) is unknown.
-    let mut out = Vec::with_capacity(numel.min(bytes.len().saturating_mul(2)));
-    match ty {
-        GgmlType::F32 => out.extend(
-            bytes
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes(c.try_into().unwrap())),
-        ),
-        GgmlType::F16 => out.extend(bytes.chunks_exact(2).map(|c| f16_at(c, 0))),
-        GgmlType::Bf16 => out.extend(
-            bytes
-                .chunks_exact(2)
-                .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()),
-        ),
-        // Block formats as in ggml-quants.c `dequantize_row_*`; the arithmetic order (scale
-        // times integer, then plus min) matches it so results are bit-identical.
-        GgmlType::Q8_0 => {
-            for block in bytes.chunks_exact(34) {
-                let d = f16_at(block, 0);
-                out.extend(block[2..].iter().map(|&q| d * f32::from(q as i8)));
-            }
-        }
-        GgmlType::Q4_0 => {
-            for block in bytes.chunks_exact(18) {
-                let d = f16_at(block, 0);
-                let qs = &block[2..];
-                // Low nibbles are elements 0..16, high nibbles 16..32.
-                out.extend(qs.iter().map(|&q| d * ((q & 0x0f) as i32 - 8) as f32));
-                out.extend(qs.iter().map(|&q| d * ((q >> 4) as i32 - 8) as f32));
-            }
-        }
-        GgmlType::Q4_1 => {
-            for block in bytes.chunks_exact(20) {
-                let (d, m) = (f16_at(block, 0), f16_at(block, 2));
-                let qs = &block[4..];
-                out.extend(qs.iter().map(|&q| d * (q & 0x0f) as f32 + m));
-                out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
-            }
-        }
-        GgmlType::Unsupported(id, name) => {
-            bail!(
-                "unsupported GGUF tensor type {name} (ggml type {id}); supported: F32, F16, BF16, Q8_0, Q4_0, Q4_1"
-            )
-        }
-    }
-    ensure!(
-        out.len() == numel,
-        "decoded {} values, expected {numel}",
-        out.len()
-    );
-    Ok(out)
 }
 
 /// A bounds-checked reader over the header bytes.

@@ -10,6 +10,7 @@ pub mod gguf;
 pub mod import;
 mod mmap;
 pub mod names;
+pub mod quants;
 pub mod record;
 mod staging;
 pub mod verify;

@@ -177,7 +177,12 @@ const CASES: &[Case] = &[
         // An unsupported type has no byte length to check against the file, and its
         // element count used to go straight into an allocation (an abort, not an error).
         name: "gguf: unsupported quant type with a terabyte shape",
-        expected: "unsupported GGUF tensor type Q4_K",
+        expected: "unsupported GGUF tensor type IQ2_XXS",
+        setup: |d| gguf_case(d, gguf_with_tensor(&[1 << 20, 1 << 20], 16, 0)),
+    },
+    Case {
+        name: "gguf: a K-quant tensor claiming a terabyte",
+        expected: "lies past the end of the file",
         setup: |d| gguf_case(d, gguf_with_tensor(&[1 << 20, 1 << 20], 12, 0)),
     },
     Case {

@@ -298,3 +298,42 @@ fn q6_k(block: &[u8], out: &mut Vec<f32>) {
         (d * f32::from(scales[e / 16] as i8)) * q as f32
     }));
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn q4_1_block_matches_ggml_reference() {
+        // d = 0.5, m = -1.0; byte k holds element k (low nibble) and k + 16 (high nibble).
+        let mut block = Vec::new();
+        block.extend(f16::from_f32(0.5).to_le_bytes());
+        block.extend(f16::from_f32(-1.0).to_le_bytes());
+        block.extend((0..16u8).map(|k| (15 - k) << 4 | k));
+        let out = dequantize(GgmlType::Q4_1, &block, 32).unwrap();
+        for k in 0..16 {
+            assert_eq!(out[k], 0.5 * k as f32 - 1.0);
+            assert_eq!(out[k + 16], 0.5 * (15 - k) as f32 - 1.0);
+        }
+    }
+
+    #[test]
+    fn q4_0_and_q8_0_blocks() {
+        let mut q4 = f16::from_f32(2.0).to_le_bytes().to_vec();
+        q4.extend([0x80u8; 16]); // low nibble 0 → -8, high nibble 8 → 0
+        let out = dequantize(GgmlType::Q4_0, &q4, 32).unwrap();
+        assert!(out[..16].iter().all(|&v| v == -16.0) && out[16..].iter().all(|&v| v == 0.0));
+
+        let mut q8 = f16::from_f32(0.25).to_le_bytes().to_vec();
+        q8.extend((0..32).map(|i| (i as i8 - 16) as u8));
+        let out = dequantize(GgmlType::Q8_0, &q8, 32).unwrap();
+        assert_eq!(out[0], -4.0);
+        assert_eq!(out[31], 3.75);
+    }
+
+    #[test]
+    fn unsupported_type_is_named() {
+        let err = dequantize(GgmlType::from_id(16).unwrap(), &[], 256).unwrap_err();
+        assert!(err.to_string().contains("IQ2_XXS"), "{err}");
+    }
+}

@@ -185,6 +185,31 @@ const CASES: &[Case] = &[
         expected: "lies past the end of the file",
         setup: |d| gguf_case(d, gguf_with_tensor(&[1 << 20, 1 << 20], 12, 0)),
     },
+    // GGUFs of models or tokenizers the importer does not take: each refused by name.
+    Case {
+        name: "gguf: a SentencePiece vocabulary",
+        expected: "unsupported GGUF tokenizer model \"llama\" (a SentencePiece vocabulary)",
+        setup: |d| gguf_case(d, tiny_gguf_with("llama", "llama", "default").build()),
+    },
+    Case {
+        name: "gguf: an unknown pre-tokenizer",
+        expected: "unsupported GGUF pre-tokenizer \"falcon\"",
+        setup: |d| gguf_case(d, tiny_gguf_with("llama", "gpt2", "falcon").build()),
+    },
+    Case {
+        name: "gguf: another architecture",
+        expected: "unsupported GGUF architecture \"gemma2\"",
+        setup: |d| gguf_case(d, tiny_gguf_with("gemma2", "gpt2", "smollm").build()),
+    },
+    Case {
+        name: "gguf: Llama 3.1 RoPE scaling as frequency factors",
+        expected: "unsupported GGUF tensor rope_freqs.weight",
+        setup: |d| {
+            let factors: Vec<u8> = [1.0f32, 8.0].iter().flat_map(|f| f.to_le_bytes()).collect();
+            let gguf = tiny_gguf().tensor("rope_freqs.weight", &[2], 0, &factors);
+            gguf_case(d, gguf.build())
+        },
+    },
     Case {
         // `2 * heads` wrapped to 0 and the row split divided by it (a panic).
         name: "gguf: head count that overflows the q/k row split",

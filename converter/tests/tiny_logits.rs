@@ -108,19 +108,66 @@ fn logits_match_transformers() {
 fn family_logits_match_transformers() {
     for variant in ["llama3", "linear", "mistral", "qwen2", "yarn"] {
         let dir = data_dir(&format!("tiny-{variant}"));
-        let meta: FamilyFixture =
-            serde_json::from_str(&std::fs::read_to_string(dir.join("fixture.json")).unwrap())
-                .unwrap();
-        let bytes = std::fs::read(dir.join("logits.bin")).unwrap();
-        let flat: Vec<f32> = bytes
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
-            .collect();
-        assert_eq!(flat.len(), meta.ids.len() * meta.vocab_size, "{variant}");
-        let fixture = Fixture {
-            logits: flat.chunks(meta.vocab_size).map(<[f32]>::to_vec).collect(),
-            ids: meta.ids,
-        };
-        convert_and_check(&dir, &fixture);
+        convert_and_check(&dir, &family_fixture(&dir));
+    }
+}
+
+/// A fixture.json and logits.bin pair.
+fn family_fixture(dir: &std::path::Path) -> Fixture {
+    let meta: FamilyFixture =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("fixture.json")).unwrap()).unwrap();
+    let bytes = std::fs::read(dir.join("logits.bin")).unwrap();
+    let flat: Vec<f32> = bytes
+        .chunks_exact(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(
+        flat.len(),
+        meta.ids.len() * meta.vocab_size,
+        "{}",
+        dir.display()
+    );
+    Fixture {
+        logits: flat.chunks(meta.vocab_size).map(<[f32]>::to_vec).collect(),
+        ids: meta.ids,
+    }
+}
+
+/// GGUF files beyond SmolLM2, K-quantized by llama.cpp: a Llama 3 style one (`llama-bpe`
+/// pre-tokenizer, BOS added; Q4_K and Q6_K tensors) and a Qwen2 one (`qwen2`
+/// pre-tokenizer, q/k/v biases; Q3_K to Q6_K). `import-gguf` must give a tokenizer that
+/// encodes as the source tokenizer.json does (which llama.cpp's tokenization of the GGUF
+/// was checked against when the fixture was made) on the tokenizer oracle's 293 strings, and
+/// a checkpoint whose logits are transformers' on gguf-py's dequantization of the file.
+/// Fixtures: tests/data/gguf-*, made by scripts/make_gguf_fixtures.py.
+#[test]
+fn gguf_family_imports_match_transformers() {
+    #[derive(Deserialize)]
+    struct Oracle {
+        cases: Vec<Case>,
+    }
+    #[derive(Deserialize)]
+    struct Case {
+        text: String,
+    }
+    let oracle = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../runtime/tests/data/tokenizer_oracle.json");
+    let oracle: Oracle = serde_json::from_str(&std::fs::read_to_string(oracle).unwrap()).unwrap();
+    for variant in ["llama-bpe", "qwen2"] {
+        let dir = data_dir(&format!("gguf-{variant}"));
+        let tmp = tempfile::tempdir().unwrap();
+        let checkpoint = tmp.path().join("hf");
+        let run = common::converter(&[&"import-gguf", &dir.join("model.gguf"), &checkpoint]);
+        assert!(run.success, "{variant}: {}", run.stderr);
+
+        let source = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+        let imported = tokenizers::Tokenizer::from_file(checkpoint.join("tokenizer.json")).unwrap();
+        for text in oracle.cases.iter().map(|c| c.text.as_str()) {
+            let ids = |t: &tokenizers::Tokenizer| t.encode(text, true).unwrap().get_ids().to_vec();
+            assert_eq!(ids(&imported), ids(&source), "{variant}: {text:?}");
+        }
+
+        let fixture = family_fixture(&dir);
+        convert_and_check(&checkpoint, &fixture);
     }
 }

@@ -14,7 +14,7 @@ use serde_json::{Value as Json, json};
 
 use crate::gguf::{Gguf, TensorInfo};
 use crate::staging::Staging;
-use config::Hyperparams;
+use config::{Arch, Hyperparams};
 use names::hf_name;
 use tokenizer::TokenizerSpec;
 
@@ -25,12 +25,17 @@ mod tokenizer;
 /// Imports `gguf_path` into the checkpoint directory `out` (replaced as a whole).
 pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
     let gguf = Gguf::open(gguf_path)?;
-    let arch = gguf.str("general.architecture")?;
-    ensure!(
-        arch == "llama",
-        "unsupported GGUF architecture {arch:?}: only \"llama\" is supported"
-    );
     let hp = Hyperparams::read(&gguf)?;
+    // convert_hf_to_gguf.py writes Llama 3.1's RoPE scaling as per-frequency factors, not
+    // the parameters config.json needs.
+    ensure!(
+        !gguf.tensors.iter().any(|t| t.name == "rope_freqs.weight"),
+        "unsupported GGUF tensor rope_freqs.weight (Llama 3.1+ RoPE scaling as frequency \
+         factors): convert the Hugging Face checkpoint instead"
+    );
+    // Checked before anything is written.
+    let tok = TokenizerSpec::read(&gguf)?;
+    let tokenizer_json = tok.tokenizer_json()?;
 
     let parent = out
         .parent()
@@ -62,7 +67,6 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
         .with_context(|| format!("cannot write {}", weights.display()))?;
     std::fs::File::open(&weights)?.sync_all()?;
 
-    let tok = TokenizerSpec::read(&gguf)?;
     let write_json = |name: &str, value: Json| -> Result<()> {
         let mut text = serde_json::to_string_pretty(&value)?;
         text.push('\n');
@@ -75,7 +79,7 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
             "bos_token_id": tok.bos, "eos_token_id": tok.eos, "pad_token_id": tok.pad,
         }),
     )?;
-    write_json("tokenizer.json", tok.tokenizer_json()?)?;
+    write_json("tokenizer.json", tokenizer_json)?;
     write_json(
         "tokenizer_config.json",
         tok.tokenizer_config_json(hp.context_length),
@@ -92,19 +96,25 @@ const WRITTEN: [&str; 5] = [
     "tokenizer_config.json",
 ];
 
-/// Dequantizes a tensor, undoes llama.cpp's q/k row permutation, rounds to bf16 (nearest
-/// even, as PyTorch's `.to(torch.bfloat16)`) and returns its little-endian bytes.
+/// Dequantizes a tensor, undoes llama.cpp's q/k row permutation (`llama` only), rounds to
+/// bf16 (nearest even, as PyTorch's `.to(torch.bfloat16)`) and returns its little-endian
+/// bytes.
 fn bf16_bytes(gguf: &Gguf, info: &TensorInfo, hp: &Hyperparams) -> Result<Vec<u8>> {
     let mut values = gguf.dequantize(info)?;
-    let heads = if info.name.ends_with("attn_q.weight") {
-        Some(hp.n_heads)
-    } else if info.name.ends_with("attn_k.weight") {
-        Some(hp.n_kv_heads)
-    } else {
-        None
+    // convert_hf_to_gguf.py permutes q and k biases as it does their weights.
+    let tensor = info.name.rsplit_once('.').map_or("", |(rest, _)| rest);
+    let heads = match (hp.arch, tensor.rsplit('.').next()) {
+        (Arch::Llama, Some("attn_q")) => Some(hp.n_heads),
+        (Arch::Llama, Some("attn_k")) => Some(hp.n_kv_heads),
+        _ => None,
     };
     if let Some(heads) = heads {
-        values = unpermute_rows(&values, &info.shape(), heads)
+        // A bias is one column.
+        let shape = match info.shape()[..] {
+            [rows] => vec![rows, 1],
+            ref shape => shape.to_vec(),
+        };
+        values = unpermute_rows(&values, &shape, heads)
             .with_context(|| format!("tensor {}", info.name))?;
     }
     Ok(values

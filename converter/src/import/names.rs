@@ -19,6 +19,13 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
         "attn_q.weight" => "self_attn.q_proj.weight",
         "attn_k.weight" => "self_attn.k_proj.weight",
         "attn_v.weight" => "self_attn.v_proj.weight",
+        "attn_q.bias" => "self_attn.q_proj.bias",
+        "attn_k.bias" => "self_attn.k_proj.bias",
+        "attn_v.bias" => "self_attn.v_proj.bias",
+        "attn_output.bias" => "self_attn.o_proj.bias",
+        "ffn_gate.bias" => "mlp.gate_proj.bias",
+        "ffn_up.bias" => "mlp.up_proj.bias",
+        "ffn_down.bias" => "mlp.down_proj.bias",
         "attn_output.weight" => "self_attn.o_proj.weight",
         "ffn_norm.weight" => "post_attention_layernorm.weight",
         "ffn_gate.weight" => "mlp.gate_proj.weight",
@@ -42,6 +49,10 @@ mod tests {
         assert_eq!(
             hf_name("token_embd.weight").unwrap(),
             "model.embed_tokens.weight"
+        );
+        assert_eq!(
+            hf_name("blk.0.attn_k.bias").unwrap(),
+            "model.layers.0.self_attn.k_proj.bias"
         );
         assert!(hf_name("blk.x.ffn_down.weight").is_none());
         assert!(hf_name("rope_freqs.weight").is_none());

@@ -305,6 +305,11 @@ impl GgufBuilder {
 
 /// A llama GGUF with one F32 embedding [3 tokens × 4] and one Q8_0 q projection [4 × 32].
 pub fn tiny_gguf() -> GgufBuilder {
+    tiny_gguf_with("llama", "gpt2", "smollm")
+}
+
+/// [`tiny_gguf`] with another architecture, tokenizer model or pre-tokenizer.
+pub fn tiny_gguf_with(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
     let embed: Vec<u8> = (0..12)
         .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
         .collect();
@@ -314,7 +319,7 @@ pub fn tiny_gguf() -> GgufBuilder {
         q8.extend((0..32u8).map(|c| row * 10 + c));
     }
     GgufBuilder::new()
-        .str("general.architecture", "llama")
+        .str("general.architecture", arch)
         .u32("llama.block_count", 1)
         .u32("llama.context_length", 16)
         .u32("llama.embedding_length", 4)
@@ -322,8 +327,8 @@ pub fn tiny_gguf() -> GgufBuilder {
         .u32("llama.attention.head_count", 1)
         .u32("llama.attention.head_count_kv", 1)
         .f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-        .str("tokenizer.ggml.model", "gpt2")
-        .str("tokenizer.ggml.pre", "smollm")
+        .str("tokenizer.ggml.model", tokenizer)
+        .str("tokenizer.ggml.pre", pre)
         .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
         .strings("tokenizer.ggml.merges", &["a b"])
         .tensor("token_embd.weight", &[4, 3], 0, &embed)

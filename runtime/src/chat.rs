@@ -65,6 +65,27 @@ impl ChatRequest {
         env.set_lstrip_blocks(true);
         env.set_fuel(Some(FUEL));
         env.set_recursion_limit(RECURSION);
+        // The two globals transformers' `apply_chat_template` adds (llama.cpp's too): a
+        // template's own error, and the local time in a strftime format (Llama 3.x writes
+        // "Today Date: 23 Nov 2026" into its system turn).
+        env.add_function("raise_exception", |message: String| -> Result<String, _> {
+            Err(minijinja::Error::new(
+                minijinja::ErrorKind::InvalidOperation,
+                format!("the template raised: {message}"),
+            ))
+        });
+        env.add_function("strftime_now", |format: String| {
+            use std::fmt::Write;
+            let mut out = String::new();
+            // An unknown directive is a formatting error here, not a panic.
+            write!(out, "{}", chrono::Local::now().format(&format)).map_err(|_| {
+                minijinja::Error::new(
+                    minijinja::ErrorKind::InvalidOperation,
+                    format!("strftime_now: invalid format {format:?}"),
+                )
+            })?;
+            Ok::<_, minijinja::Error>(out)
+        });
         env.add_template("chat", &self.template).map_err(error)?;
         let context = minijinja::context! {
             messages => self.messages,
@@ -206,5 +227,78 @@ impl Write for LimitedOutput {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(template: &str, messages: &[(&str, &str)]) -> ChatRequest {
+        ChatRequest {
+            template: template.into(),
+            bos_token: "<|begin_of_text|>".into(),
+            eos_token: "<|eot_id|>".into(),
+            messages: messages
+                .iter()
+                .map(|&(role, content)| Message {
+                    role: role.into(),
+                    content: content.into(),
+                })
+                .collect(),
+        }
+    }
+
+    /// The constructs Llama 3.1's template opens with (`strftime_now` if defined, slices,
+    /// `trim`, `in` on a message, string concatenation) render as transformers renders them:
+    /// the expected text is jinja2's output through transformers' `render_jinja_template`
+    /// on 2026-11-23, with that day's date replaced by today's.
+    #[test]
+    fn renders_llama3_constructs_as_transformers_does() {
+        let template = r#"{{- bos_token }}
+{%- if not date_string is defined %}
+    {%- if strftime_now is defined %}
+        {%- set date_string = strftime_now("%d %b %Y") %}
+    {%- else %}
+        {%- set date_string = "26 Jul 2024" %}
+    {%- endif %}
+{%- endif %}
+{%- if messages[0]['role'] == 'system' %}
+    {%- set system_message = messages[0]['content']|trim %}
+    {%- set messages = messages[1:] %}
+{%- else %}
+    {%- set system_message = "" %}
+{%- endif %}
+{{- "<|start_header_id|>system<|end_header_id|>\n\n" }}
+{{- "Today Date: " + date_string + "\n\n" }}
+{{- system_message }}
+{%- for message in messages %}
+    {%- if not (message.role == 'ipython' or 'tool_calls' in message) %}
+        {{- '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n'+ message['content'] | trim + '<|eot_id|>' }}
+    {%- endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}{{- '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{%- endif %}
+"#;
+        let rendered = request(template, &[("system", " Be brief. "), ("user", "Hi")])
+            .render()
+            .unwrap();
+        let today = chrono::Local::now().format("%d %b %Y").to_string();
+        let transformers = "<|begin_of_text|><|start_header_id|>system<|end_header_id|>\n\nToday Date: 23 Nov 2026\n\nBe brief.<|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n";
+        assert_eq!(rendered, transformers.replace("23 Nov 2026", &today));
+    }
+
+    /// A template's `raise_exception` is an error carrying its message; a format chrono
+    /// cannot write is an error too, not a panic.
+    #[test]
+    fn template_errors_are_errors() {
+        let raised = request("{{ raise_exception('roles must alternate') }}", &[])
+            .render()
+            .unwrap_err();
+        assert!(
+            raised.to_string().contains("roles must alternate"),
+            "{raised}"
+        );
+        let bad_format = request("{{ strftime_now('%Q %') }}", &[]).render();
+        assert!(bad_format.is_err(), "{bad_format:?}");
     }
 }

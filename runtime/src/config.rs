@@ -723,4 +723,67 @@ mod tests {
         v["model_type"] = "qwen2".into();
         assert_eq!(resolve(v).unwrap(), qwen);
     }
+
+    /// Configs as the hub publishes them for the models each family is for (every key of
+    /// Llama-3.2-1B-Instruct's, Qwen2.5-0.5B-Instruct's and Mistral-7B-v0.1's config.json),
+    /// resolved as transformers reads them.
+    #[test]
+    fn resolves_published_configs() {
+        let llama = resolve(serde_json::json!({
+            "architectures": ["LlamaForCausalLM"], "attention_bias": false,
+            "attention_dropout": 0.0, "bos_token_id": 128000,
+            "eos_token_id": [128001, 128008, 128009], "head_dim": 64, "hidden_act": "silu",
+            "hidden_size": 2048, "initializer_range": 0.02, "intermediate_size": 8192,
+            "max_position_embeddings": 131072, "mlp_bias": false, "model_type": "llama",
+            "num_attention_heads": 32, "num_hidden_layers": 16, "num_key_value_heads": 8,
+            "pretraining_tp": 1, "rms_norm_eps": 1e-05,
+            "rope_scaling": {"factor": 32.0, "high_freq_factor": 4.0, "low_freq_factor": 1.0,
+                "original_max_position_embeddings": 8192, "rope_type": "llama3"},
+            "rope_theta": 500000.0, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+            "transformers_version": "4.45.0.dev0", "use_cache": true, "vocab_size": 128256
+        }))
+        .unwrap();
+        assert_eq!(
+            llama.rope_scaling,
+            RopeScaling::Llama3 {
+                factor: 32.0,
+                low_freq_factor: 1.0,
+                high_freq_factor: 4.0,
+                original_max_position_embeddings: 8192.0
+            }
+        );
+        assert_eq!(llama.eos_token_ids, vec![128001, 128008, 128009]);
+        assert!(llama.tie_word_embeddings && llama.biases == Biases::default());
+
+        let qwen = resolve(serde_json::json!({
+            "architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0,
+            "bos_token_id": 151643, "eos_token_id": 151645, "hidden_act": "silu",
+            "hidden_size": 896, "initializer_range": 0.02, "intermediate_size": 4864,
+            "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+            "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2,
+            "rms_norm_eps": 1e-06, "rope_theta": 1000000.0, "sliding_window": 32768,
+            "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+            "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false,
+            "vocab_size": 151936
+        }))
+        .unwrap();
+        assert_eq!((qwen.head_dim, qwen.sliding_window), (64, None));
+        assert!(qwen.biases.qkv && !qwen.biases.o && !qwen.biases.mlp);
+
+        let mistral = resolve(serde_json::json!({
+            "architectures": ["MistralForCausalLM"], "bos_token_id": 1, "eos_token_id": 2,
+            "hidden_act": "silu", "hidden_size": 4096, "initializer_range": 0.02,
+            "intermediate_size": 14336, "max_position_embeddings": 32768,
+            "model_type": "mistral", "num_attention_heads": 32, "num_hidden_layers": 32,
+            "num_key_value_heads": 8, "rms_norm_eps": 1e-05, "rope_theta": 10000.0,
+            "sliding_window": 4096, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+            "transformers_version": "4.34.0.dev0", "use_cache": true, "vocab_size": 32000
+        }))
+        .unwrap();
+        assert_eq!(
+            (mistral.head_dim, mistral.sliding_window),
+            (128, Some(4096))
+        );
+        assert_eq!(mistral.rope_scaling, RopeScaling::None);
+    }
 }

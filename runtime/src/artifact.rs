@@ -13,7 +13,6 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::module::Module;
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
 use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
@@ -21,8 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::config::{ConfigError, LlamaConfig};
 use crate::files::{FileError, read_text_bounded};
 use crate::model::Llama;
-use crate::panics::catch_quietly;
-use crate::params::params;
+use crate::record::{Record, load_into};
 
 /// The Burn record of the model's parameters.
 pub const MODEL_FILE: &str = "model.mpk";
@@ -245,40 +243,22 @@ pub fn load_model<B: Backend>(
             ),
         });
     }
-    let model = config.init::<B>(device);
-    // Burn loads a record's tensors whatever their shapes; a mismatch would only surface
-    // as a panic deep in a matmul, so compare with what config.json implies.
-    let expected = params::<B, _>(&model);
-    let loaded = catch_quietly(|| model.load_file(path.clone(), &ArtifactRecorder::new(), device));
-    let model = match loaded {
-        Ok(Ok(model)) => model,
-        Ok(Err(e)) => {
-            return Err(ArtifactError::Record {
-                path,
-                message: first_line(&format!("{e:?}")),
-            });
-        }
-        Err(panic) => {
-            return Err(ArtifactError::Record {
-                path,
-                message: format!("the file is corrupt ({panic}); run `converter verify`"),
-            });
-        }
+    let corrupt = |message: String| ArtifactError::Record {
+        path: path.clone(),
+        message: format!("the file is corrupt ({message}); run `converter verify`"),
     };
-    for (want, got) in expected.iter().zip(params::<B, _>(&model)) {
-        if want.shape != got.shape {
-            return Err(ArtifactError::Record {
-                path,
-                message: format!(
-                    "{} has shape {:?}, config.json implies {:?}",
-                    want.path, got.shape, want.shape
-                ),
-            });
-        }
-    }
+    let record = Record::open(&path).map_err(corrupt)?;
+    // The shapes config.json implies are compared with the record's, tensor by tensor: a
+    // mismatch would otherwise surface as a panic deep in a matmul.
+    let model = load_into(
+        &record,
+        config.init::<B>(device),
+        config.tie_word_embeddings,
+        device,
+    )
+    .map_err(|message| ArtifactError::Record {
+        path: path.clone(),
+        message,
+    })?;
     Ok((model, config))
-}
-
-fn first_line(text: &str) -> String {
-    text.lines().next().unwrap_or_default().to_string()
 }

@@ -106,7 +106,6 @@ impl<B: KernelBackend> Generator<B> {
     /// Loads the artifact in `dir`.
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self, GenerateError> {
         let (model, config) = artifact::load_model::<B>(dir, device)?;
-        let model = model.with_matvec_layout(config.tie_word_embeddings);
         let mut eos_ids = config.eos_token_ids.clone();
         // generation_config.json is optional; when present it may name more end tokens.
         let generation = GenerationConfig::from_file(&dir.join(GENERATION_CONFIG_FILE))?;

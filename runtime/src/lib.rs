@@ -44,6 +44,7 @@ pub mod kernels;
 pub mod model;
 mod panics;
 pub mod params;
+pub mod record;
 pub mod rope;
 pub mod sampling;
 pub mod tokenizer;

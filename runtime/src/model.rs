@@ -196,6 +196,9 @@ impl<B: KernelBackend> Llama<B> {
     /// wrote lm_head as a copy of the embedding), lm_head becomes a transposed view of the
     /// embedding, which is already that layout: no copy, and a vocabulary-sized matrix less
     /// in memory.
+    ///
+    /// A loaded artifact is already in this layout (`record::load_into` writes each weight
+    /// straight into it); this is for a model built otherwise (tests' random models).
     pub fn with_matvec_layout(self, tied: bool) -> Self {
         let lm_head = if tied {
             let embedding = self.embed_tokens.weight.val(); // [vocab, hidden]

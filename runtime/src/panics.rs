@@ -1,8 +1,7 @@
 //! Turning a panic inside a library we call into an error.
 //!
-//! Some libraries panic on input they should reject: Burn's record loader on a corrupt
-//! record (`ParamId::deserialize`, tensor bytes that disagree with the shape), the
-//! `tokenizers` crate when a tokenizer.json's regex exceeds Oniguruma's backtracking limit.
+//! Some libraries panic on input they should reject: the `tokenizers` crate when a
+//! tokenizer.json's regex exceeds Oniguruma's backtracking limit.
 //! Where input reaches such a call, it runs through [`catch_quietly`], so the user sees one
 //! error line instead of a panic message and a backtrace.
 

@@ -61,6 +61,7 @@ mod tests {
             path: path.into(),
             shape: Vec::new(),
             owner: owner.into(),
+            element_bytes: 4,
         }
     }
 

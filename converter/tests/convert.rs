@@ -10,8 +10,10 @@ use runtime::FlexBackend;
 use runtime::artifact::load_model;
 use safetensors::Dtype;
 
+/// Shape and values; a matrix loaded as bf16 (a bf16 checkpoint's) widens exactly.
 fn values_of<const D: usize>(t: Tensor<FlexBackend, D>) -> (Vec<usize>, Vec<f32>) {
-    (t.dims().to_vec(), t.into_data().to_vec::<f32>().unwrap())
+    let data = t.into_data().convert::<f32>();
+    (data.shape.to_vec(), data.to_vec::<f32>().unwrap())
 }
 
 fn transposed(values: &[f32], rows: usize, cols: usize) -> Vec<f32> {

@@ -14,13 +14,13 @@
 use std::path::{Path, PathBuf};
 
 use burn::record::{FullPrecisionSettings, NamedMpkFileRecorder};
-use burn::tensor::backend::Backend;
 use serde::{Deserialize, Serialize};
 
+use crate::backend::KernelBackend;
 use crate::config::{ConfigError, LlamaConfig};
 use crate::files::{FileError, read_text_bounded};
 use crate::model::Llama;
-use crate::record::{Record, load_into};
+use crate::record::{Kept, Record, Weights, load_into};
 
 /// The Burn record of the model's parameters.
 pub const MODEL_FILE: &str = "model.mpk";
@@ -218,11 +218,22 @@ pub fn is_plain_file_name(name: &str) -> bool {
 }
 
 /// Loads a converted model: checks the manifest marks the directory complete, reads the
-/// config and loads `model.mpk` into the Burn module.
-pub fn load_model<B: Backend>(
+/// config and loads `model.mpk` into the Burn module, matrices kept as bf16 where that is
+/// exact ([`Weights::Auto`]).
+pub fn load_model<B: KernelBackend>(
     dir: &Path,
     device: &B::Device,
 ) -> Result<(Llama<B>, LlamaConfig), ArtifactError> {
+    let (model, config, _) = load_model_with(dir, device, Weights::Auto)?;
+    Ok((model, config))
+}
+
+/// [`load_model`] with the matrices kept as `weights` says, and what each was kept as.
+pub fn load_model_with<B: KernelBackend>(
+    dir: &Path,
+    device: &B::Device,
+    weights: Weights,
+) -> Result<(Llama<B>, LlamaConfig, Kept), ArtifactError> {
     let manifest = Manifest::read(dir)?;
     manifest.check_files(dir)?;
     let config = LlamaConfig::from_file(&dir.join(CONFIG_FILE))?;
@@ -250,15 +261,16 @@ pub fn load_model<B: Backend>(
     let record = Record::open(&path).map_err(corrupt)?;
     // The shapes config.json implies are compared with the record's, tensor by tensor: a
     // mismatch would otherwise surface as a panic deep in a matmul.
-    let model = load_into(
+    let (model, kept) = load_into(
         &record,
         config.init::<B>(device),
         config.tie_word_embeddings,
+        weights,
         device,
     )
     .map_err(|message| ArtifactError::Record {
         path: path.clone(),
         message,
     })?;
-    Ok((model, config))
+    Ok((model, config, kept))
 }

@@ -12,6 +12,7 @@ use crate::backend::KernelBackend;
 use crate::cache::{CacheError, KvCache};
 use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::model::Llama;
+use crate::record::{Kept, Weights};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 
@@ -98,14 +99,25 @@ pub struct Perplexity {
 pub struct Generator<B: KernelBackend> {
     pub model: Llama<B>,
     pub config: LlamaConfig,
+    /// What the loader kept the matrices as.
+    pub kept: Kept,
     eos_ids: Vec<u32>,
     device: B::Device,
 }
 
 impl<B: KernelBackend> Generator<B> {
-    /// Loads the artifact in `dir`.
+    /// Loads the artifact in `dir`, its matrices as bf16 where that is exact.
     pub fn load(dir: &Path, device: &B::Device) -> Result<Self, GenerateError> {
-        let (model, config) = artifact::load_model::<B>(dir, device)?;
+        Self::load_with(dir, device, Weights::Auto)
+    }
+
+    /// Loads the artifact in `dir`, its matrices kept as `weights` says.
+    pub fn load_with(
+        dir: &Path,
+        device: &B::Device,
+        weights: Weights,
+    ) -> Result<Self, GenerateError> {
+        let (model, config, kept) = artifact::load_model_with::<B>(dir, device, weights)?;
         let mut eos_ids = config.eos_token_ids.clone();
         // generation_config.json is optional; when present it may name more end tokens.
         let generation = GenerationConfig::from_file(&dir.join(GENERATION_CONFIG_FILE))?;
@@ -120,6 +132,7 @@ impl<B: KernelBackend> Generator<B> {
         Ok(Self {
             model,
             config,
+            kept,
             eos_ids,
             device: device.clone(),
         })

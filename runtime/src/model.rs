@@ -8,7 +8,7 @@
 use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::backend::Backend;
-use burn::tensor::{Int, Tensor};
+use burn::tensor::{FloatDType, Int, Tensor};
 use rayon::prelude::*;
 
 use crate::backend::{Heads, KernelBackend, LayerShape, LayerTensors, Projection};
@@ -155,7 +155,8 @@ impl<B: KernelBackend> Llama<B> {
         let [batch, seq] = tokens.dims();
         cache.check_room(batch, seq)?;
         let rope = cache.rope_rows(seq);
-        let mut x = self.embed_tokens.forward(tokens); // [batch, seq, hidden]
+        // [batch, seq, hidden]; rows of a bf16 embedding widen exactly.
+        let mut x = self.embed_tokens.forward(tokens).cast(FloatDType::F32);
         for (layer, cache) in self.layers.iter().zip(cache.layers_mut()) {
             x = layer.forward(x, cache, &rope)?;
         }

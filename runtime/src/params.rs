@@ -16,6 +16,9 @@ pub struct ParamInfo {
     /// The Burn module type it is a field of (`Linear`, `RmsNorm`, `Embedding`), which says
     /// how it is laid out (a `Linear` weight is `[d_in, d_out]`, PyTorch's transposed).
     pub owner: String,
+    /// Bytes per element in memory: the dtype's once loaded (2 for a bf16 matrix), 4 for a
+    /// parameter not yet allocated.
+    pub element_bytes: usize,
 }
 
 /// Every float parameter of `module`, in visiting order. Reads shapes without initialising
@@ -49,10 +52,16 @@ impl<B: Backend> ModuleVisitor<B> for ParamVisitor {
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
         let names: Vec<&str> = self.path.iter().map(|(name, _)| name.as_str()).collect();
         let owner = self.path.last().map(|(_, owner)| owner.clone());
+        let element_bytes = if param.is_initialized() {
+            param.val().dtype().size()
+        } else {
+            size_of::<f32>()
+        };
         self.found.push(ParamInfo {
             path: names.join("."),
             shape: param.lazy_shape().to_vec(),
             owner: owner.unwrap_or_default(),
+            element_bytes,
         });
     }
 }

@@ -15,6 +15,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use runtime::generate::{GenerateOptions, Generator, StopReason};
+use runtime::record::Weights;
 use runtime::sampling::SamplingParams;
 use runtime::tokenizer::Tokenizer;
 use runtime::{FlexBackend, NdArrayBackend};
@@ -296,4 +297,44 @@ fn greedy_ids_are_the_same_for_every_thread_count() {
             assert_eq!(run(threads), one, "{:?} with {threads} threads", p.prompt);
         }
     }
+}
+
+/// The default load keeps every matrix of the (bf16-sourced) artifact as bf16, and its
+/// results are those of `--weights f32` to the bit: every logit of a 300-token prompt
+/// (prefill, the batched path through gemm on widened weights), of 32 tokens decoded after
+/// it (the bf16 matrix-vector kernels), and the perplexity of 512 tokens.
+#[test]
+fn bf16_weights_give_the_f32_results_bit_for_bit() {
+    let Some((bf16, _)) = model() else {
+        return;
+    };
+    let dir = artifact_dir().unwrap();
+    let f32 = Generator::<FlexBackend>::load_with(&dir, &Default::default(), Weights::F32).unwrap();
+    let config = &bf16.config;
+    let matrices = 1 + 7 * config.num_layers; // the embedding (lm_head is its view) and projections
+    assert_eq!(
+        (bf16.kept.bf16, bf16.kept.f32, bf16.kept.rounded),
+        (matrices, 0, 0)
+    );
+    assert_eq!((f32.kept.bf16, f32.kept.f32), (0, matrices));
+
+    let ids: PplIds = serde_json::from_str(include_str!("data/ppl_ids_transformers.json")).unwrap();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let run = |g: &Generator<FlexBackend>| {
+        let mut cache = g.new_cache(332).unwrap();
+        let prefill = bits(g.forward_logits(&ids.ids[..300], &mut cache, true).unwrap());
+        let mut decoded = Vec::new();
+        for &id in &ids.ids[300..332] {
+            decoded.extend(bits(g.forward_logits(&[id], &mut cache, false).unwrap()));
+        }
+        (
+            prefill,
+            decoded,
+            g.perplexity(&ids.ids[..512]).unwrap().ppl.to_bits(),
+        )
+    };
+    let (a, b) = (run(bf16), run(&f32));
+    assert!(a.0 == b.0, "prefill logits differ");
+    assert!(a.1 == b.1, "decoded logits differ");
+    assert_eq!(a.2, b.2, "perplexity differs");
 }

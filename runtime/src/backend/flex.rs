@@ -8,7 +8,9 @@
 //! chains of scalar single-threaded passes. Decoding, a matrix-vector product per weight,
 //! ran each product on one thread through gemm. docs/BENCHMARKS.md has what each bought.
 
-use burn::tensor::{Tensor, TensorData, TensorPrimitive};
+use std::sync::Arc;
+
+use burn::tensor::{Bytes, DType, Tensor, TensorData, TensorPrimitive, bf16};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
@@ -16,10 +18,16 @@ use super::{Heads, KernelBackend, KvBuffers, LayerShape, LayerTensors, reference
 use crate::FlexBackend;
 use crate::kernels::attention::{CausalAttention, Matrix};
 use crate::kernels::layer::{self, KvSlot};
-use crate::kernels::{matvec, simd, team};
+use crate::kernels::matvec::{self, Rows};
+use crate::kernels::simd::{self, Weight};
+use crate::kernels::team;
 use crate::rope::RopeRows;
 
 impl KernelBackend for FlexBackend {
+    /// The matrix-vector kernels read bf16 rows and widen them in registers; products of
+    /// more rows widen a bf16 weight into an f32 copy for gemm (`linear_forward`).
+    const BF16_WEIGHTS: bool = true;
+
     /// Keeps the pool's other threads spinning for the token: see `kernels::team`.
     fn decode_token<R>(work: impl FnOnce() -> R) -> R {
         team::with_team(work)
@@ -219,7 +227,7 @@ impl KernelBackend for FlexBackend {
     ) -> [Tensor<Self, 3>; N] {
         let [batch, seq, _] = x.dims();
         let weights = weights.map(|weight| weight.into_primitive().tensor());
-        let rows: Option<Vec<&[f32]>> = weights.iter().map(matvec_rows).collect();
+        let rows: Option<Vec<Rows>> = weights.iter().map(matvec_rows).collect();
         if let (1, Some(rows)) = (batch * seq, rows) {
             let x = flex(x).to_contiguous();
             let mut outs = matvec::matvecs(&rows, x.storage()).into_iter().map(|out| {
@@ -228,18 +236,37 @@ impl KernelBackend for FlexBackend {
             });
             return std::array::from_fn(|_| outs.next().expect("one output per weight"));
         }
+        // gemm takes f32: a bf16 weight is widened into an f32 copy of the same layout, so
+        // the product is the one its f32 values give.
         weights.map(|weight| {
             reference::linear(
                 x.clone(),
-                Tensor::from_primitive(TensorPrimitive::Float(weight)),
+                Tensor::from_primitive(TensorPrimitive::Float(widened(weight))),
             )
         })
     }
 }
 
+/// `weight` as f32: itself, or a bf16 weight's values widened into a buffer laid out as its
+/// own (same strides and offset), so gemm sees what it sees for the f32 weight.
+fn widened(weight: FlexTensor) -> FlexTensor {
+    if weight.dtype() != DType::BF16 {
+        return weight;
+    }
+    let values: Vec<f32> = (weight.storage::<bf16>().par_iter())
+        .map(|w| w.widen())
+        .collect();
+    FlexTensor::from_arc(
+        Arc::new(Bytes::from_elems(values)),
+        weight.layout().clone(),
+        DType::F32,
+    )
+}
+
 /// The weight `[d_in, d_out]` as `d_out` contiguous rows of `d_in`, the layout the
-/// matrix-vector kernel reads, if it is stored column-major (`Llama::with_matvec_layout`).
-fn matvec_rows(weight: &FlexTensor) -> Option<&[f32]> {
+/// matrix-vector kernel reads, if it is stored column-major (`Llama::with_matvec_layout`),
+/// in f32 or bf16.
+fn matvec_rows(weight: &FlexTensor) -> Option<Rows<'_>> {
     let layout = weight.layout();
     let shape = layout.shape();
     if shape.num_dims() != 2 {
@@ -249,8 +276,12 @@ fn matvec_rows(weight: &FlexTensor) -> Option<&[f32]> {
     if *layout.strides() != [1, d_in as isize] {
         return None;
     }
-    let start = layout.start_offset();
-    weight.storage().get(start..start + d_in * d_out)
+    let range = layout.start_offset()..layout.start_offset() + d_in * d_out;
+    match weight.dtype() {
+        DType::F32 => weight.storage().get(range).map(Rows::F32),
+        DType::BF16 => weight.storage().get(range).map(Rows::Bf16),
+        _ => None,
+    }
 }
 
 fn flex<const D: usize>(tensor: Tensor<FlexBackend, D>) -> FlexTensor {

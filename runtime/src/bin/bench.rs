@@ -16,6 +16,7 @@ use clap::Parser;
 use runtime::backend::KernelBackend;
 use runtime::generate::Generator;
 use runtime::params::params;
+use runtime::record::Weights;
 use runtime::sampling::argmax;
 use runtime::{BackendKind, FlexBackend, NdArrayBackend};
 use serde::{Deserialize, Serialize};
@@ -40,6 +41,9 @@ struct Cli {
     /// Runs per configuration; the table shows medians.
     #[arg(long, default_value_t = 3)]
     runs: usize,
+    /// How the weight matrices are kept in memory (see `runtime --help`).
+    #[arg(long, default_value = "auto")]
+    weights: Weights,
     /// Prompt tokens in the KV cache before tg128 starts (llama-bench's `-d`).
     #[arg(long, default_value_t = 0)]
     depth: usize,
@@ -84,7 +88,7 @@ fn tokens(n: usize) -> Vec<u32> {
 }
 
 fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
-    let generator = Generator::<B>::load(&cli.artifacts, &Default::default())?;
+    let generator = Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
     let load_s = started.elapsed().as_secs_f64();
     // Checked before any measuring, so a depth that cannot run fails at once.
     let depth = cli.depth;
@@ -117,7 +121,7 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
     let weight_bytes: usize = params::<B, _>(&generator.model)
         .iter()
         .filter(|param| param.path != "embed_tokens.weight")
-        .map(|param| param.shape.iter().product::<usize>() * 4)
+        .map(|param| param.shape.iter().product::<usize>() * param.element_bytes)
         .sum();
     // Each layer's keys and values (f32) of every position so far; on average tg128's token
     // sees depth + 64 of them.
@@ -214,6 +218,8 @@ fn child(cli: &Cli, backend: &str, threads: usize) -> Result<Sample> {
         .arg(threads.to_string())
         .arg("--depth")
         .arg(cli.depth.to_string())
+        .arg("--weights")
+        .arg(cli.weights.to_string())
         .output()?;
     if !out.status.success() {
         // The child's error line, without anyhow's "Error: " and any backtrace after it.

@@ -2,7 +2,7 @@
 //! The work is in the library; this is a clap struct and one call.
 
 use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
@@ -11,6 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use runtime::backend::KernelBackend;
 use runtime::files;
 use runtime::generate::{GenerateOptions, Generation, Generator};
+use runtime::record::Weights;
 use runtime::sampling::{SamplingParams, defaults};
 use runtime::tokenizer::Tokenizer;
 use runtime::{BackendKind, FlexBackend, NdArrayBackend};
@@ -49,6 +50,11 @@ struct CommonArgs {
     /// Worker threads (default: one per core).
     #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
     threads: Option<u16>,
+    /// How the weight matrices are kept in memory: auto (bf16 where that is exact, as for a
+    /// bf16 checkpoint, else f32), bf16 (rounding where it is not), f32. The results of
+    /// auto and f32 are the same to the bit; bf16 reads half the bytes.
+    #[arg(long, default_value = "auto")]
+    weights: Weights,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -152,9 +158,19 @@ fn run_on<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<()> {
     }
 }
 
-fn load<B: KernelBackend>(dir: &Path) -> Result<(Generator<B>, Tokenizer)> {
-    let device = Default::default();
-    let generator = Generator::<B>::load(dir, &device)?;
+fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenizer)> {
+    let (dir, device) = (&common.artifacts, Default::default());
+    if common.weights == Weights::Bf16 && !B::BF16_WEIGHTS {
+        bail!("--weights bf16 needs the flex backend");
+    }
+    let generator = Generator::<B>::load_with(dir, &device, common.weights)?;
+    if generator.kept.rounded > 0 {
+        eprintln!(
+            "note: --weights bf16 rounded {} of the {} weight matrices, which hold values bf16 does not (results differ from --weights f32)",
+            generator.kept.rounded,
+            generator.kept.bf16 + generator.kept.f32
+        );
+    }
     let tokenizer = Tokenizer::from_dir(dir)?;
     tokenizer.check_fits(&generator.config)?;
     Ok((generator, tokenizer))
@@ -191,7 +207,7 @@ fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<(
     if args.prompt.is_none() && args.prompt_file.is_none() {
         bail!("give a prompt with --prompt TEXT or --prompt-file FILE");
     }
-    let (generator, tokenizer) = load::<B>(&args.common.artifacts)?;
+    let (generator, tokenizer) = load::<B>(&args.common)?;
     // A prompt longer than this cannot fit the context: refused before it is tokenized.
     let context = generator.config.max_position_embeddings;
     let limit = text_limit(&tokenizer, context);
@@ -288,7 +304,7 @@ fn generation_json(g: &Generation, load_s: f64) -> serde_json::Value {
 }
 
 fn perplexity<B: KernelBackend>(args: &PerplexityArgs) -> Result<()> {
-    let (generator, tokenizer) = load::<B>(&args.common.artifacts)?;
+    let (generator, tokenizer) = load::<B>(&args.common)?;
     let limit = args
         .max_tokens
         .map_or(generator.config.max_position_embeddings, |n| n as usize);

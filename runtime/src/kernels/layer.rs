@@ -9,7 +9,7 @@
 //! bit-identical to it.
 
 use super::attention::{CausalAttention, Heads, Matrix};
-use super::matvec::matvecs;
+use super::matvec::{Rows, matvecs};
 use super::simd;
 
 /// A linear layer's tensors: `M` its weight, `V` its bias, if it has one.
@@ -87,10 +87,10 @@ pub struct KvSlot<'a> {
 /// in place, and the token's key and value are written into `cache`.
 ///
 /// Projections are `d_out` contiguous rows of `d_in` (a `[d_in, d_out]` weight stored
-/// column-major); `cos` and `sin` are the rotary tables' rows for the position, `[head_dim]`.
+/// column-major), f32 or bf16; `cos` and `sin` are the rotary tables' rows for the position, `[head_dim]`.
 pub fn decode_layer(
     x: &mut [f32],
-    weights: &LayerWeights<&[f32], &[f32]>,
+    weights: &LayerWeights<&[f32], Rows<'_>>,
     shape: LayerShape,
     cache: KvSlot<'_>,
     cos: &[f32],
@@ -144,7 +144,7 @@ pub fn decode_layer(
 /// `x` through projections that share it as input: their matrix-vector products in one
 /// parallel pass, then each one's bias added.
 fn project<const N: usize>(
-    projections: [&Projection<&[f32], &[f32]>; N],
+    projections: [&Projection<&[f32], Rows<'_>>; N],
     x: &[f32],
 ) -> [Vec<f32>; N] {
     let weights = projections.map(|p| p.weight);

@@ -30,10 +30,46 @@ const OWNER_BUNDLES: usize = 16;
 /// left computing a long last claim while the other waits.
 const HELPER_BUNDLES: usize = 4;
 
-/// `out[i][j] = weights[i] row j · x` for each weight: `weights[i]` holds its rows
-/// contiguously (a `[d_in, d_out]` weight stored column-major), all split across the
-/// pool's threads in one parallel region (one hand-off for q, k and v together).
-pub fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
+/// A weight's rows, contiguous (a `[d_in, d_out]` weight stored column-major), in f32 or in
+/// bf16 (see [`simd::Weight`]: the products are the same to the bit).
+#[derive(Debug, Clone, Copy)]
+pub enum Rows<'a> {
+    F32(&'a [f32]),
+    Bf16(&'a [half::bf16]),
+}
+
+impl<'a> Rows<'a> {
+    /// Elements, rows × d_in.
+    pub fn len(&self) -> usize {
+        match self {
+            Rows::F32(rows) => rows.len(),
+            Rows::Bf16(rows) => rows.len(),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Consecutive pieces of `n` elements (the last may be shorter).
+    fn chunks(self, n: usize) -> Vec<Rows<'a>> {
+        match self {
+            Rows::F32(rows) => rows.chunks(n).map(Rows::F32).collect(),
+            Rows::Bf16(rows) => rows.chunks(n).map(Rows::Bf16).collect(),
+        }
+    }
+
+    fn bundles(self, x: &[f32], out: &[AtomicU32], bundles: Range<usize>) {
+        match self {
+            Rows::F32(rows) => simd::matvec_bundles(rows, x, out, bundles),
+            Rows::Bf16(rows) => simd::matvec_bundles_bf16(rows, x, out, bundles),
+        }
+    }
+}
+
+/// `out[i][j] = weights[i] row j · x` for each weight, all split across the pool's threads
+/// in one parallel region (one hand-off for q, k and v together).
+pub fn matvecs(weights: &[Rows<'_>], x: &[f32]) -> Vec<Vec<f32>> {
     let threads = rayon::current_num_threads();
     // Whichever thread computes a row stores it, so the outputs are atomics; a relaxed
     // store is a plain store on x86, and the region's end orders them before the reads.
@@ -53,9 +89,7 @@ pub fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
         }
         // A multiple of four rows per thread: each share splits into four whole quarters.
         let per_thread = out.len().div_ceil(threads).next_multiple_of(4);
-        let parts = rows
-            .chunks(per_thread * x.len())
-            .zip(out.chunks(per_thread));
+        let parts = (rows.chunks(per_thread * x.len()).into_iter()).zip(out.chunks(per_thread));
         for (share, (rows, out)) in shares.iter_mut().zip(parts) {
             share.push(Share::new(rows, out));
         }
@@ -63,14 +97,14 @@ pub fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
     team::for_each_chunk(threads, &|own| {
         for share in &shares[own] {
             while let Some(bundles) = share.claim_front(OWNER_BUNDLES) {
-                simd::matvec_bundles(share.rows, x, share.out, bundles);
+                share.rows.bundles(x, share.out, bundles);
             }
         }
         for other in (1..threads).map(|k| (own + k) % threads) {
             // The other's last share first: the farthest from where its owner is working.
             for share in shares[other].iter().rev() {
                 while let Some(bundles) = share.claim_back(HELPER_BUNDLES) {
-                    simd::matvec_bundles(share.rows, x, share.out, bundles);
+                    share.rows.bundles(x, share.out, bundles);
                 }
             }
         }
@@ -87,7 +121,7 @@ pub fn matvecs(weights: &[&[f32]], x: &[f32]) -> Vec<Vec<f32>> {
 /// One thread's rows of one product, in the bundles `simd::matvec_bundles` counts, claimed from
 /// the front by the owner and from the back by a thread with nothing left of its own.
 struct Share<'a> {
-    rows: &'a [f32],
+    rows: Rows<'a>,
     out: &'a [AtomicU32],
     /// The bundles nobody has claimed, `front..back`, packed as `front << 32 | back` so that one
     /// compare-and-swap moves either end and the two can never cross.
@@ -95,7 +129,7 @@ struct Share<'a> {
 }
 
 impl<'a> Share<'a> {
-    fn new(rows: &'a [f32], out: &'a [AtomicU32]) -> Self {
+    fn new(rows: Rows<'a>, out: &'a [AtomicU32]) -> Self {
         let bundles = simd::matvec_bundle_count(out.len());
         Self {
             rows,
@@ -167,7 +201,8 @@ mod tests {
             .iter()
             .map(|&d_out| (0..d_out * d_in).map(|i| (i % 11) as f32 - 5.0).collect())
             .collect();
-        let rows: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+        let slices: Vec<&[f32]> = weights.iter().map(Vec::as_slice).collect();
+        let rows: Vec<Rows> = slices.iter().map(|&w| Rows::F32(w)).collect();
         for threads in [1, 2, 3, 5] {
             let pool = rayon::ThreadPoolBuilder::new()
                 .num_threads(threads)
@@ -181,7 +216,7 @@ mod tests {
                         matvecs(&rows, &x)
                     }
                 });
-                for (weight, out) in rows.iter().zip(&outs) {
+                for (weight, out) in slices.iter().zip(&outs) {
                     assert_eq!(out.len(), weight.len() / d_in);
                     for (row, got) in weight.chunks(d_in).zip(out) {
                         let want: f32 = row.iter().zip(&x).map(|(w, x)| w * x).sum();
@@ -195,7 +230,7 @@ mod tests {
     #[test]
     fn claims_from_both_ends_meet_without_overlap() {
         let out: Vec<AtomicU32> = (0..4 * 10 + 3).map(|_| AtomicU32::new(0)).collect();
-        let share = Share::new(&[], &out);
+        let share = Share::new(Rows::F32(&[]), &out);
         let mut taken = vec![0; simd::matvec_bundle_count(out.len())];
         let mut front = true;
         while let Some(bundles) = if front {
@@ -207,5 +242,41 @@ mod tests {
             front = !front;
         }
         assert!(taken.iter().all(|&t| t == 1), "{taken:?}");
+    }
+
+    /// bf16 weights give, bit for bit, what their f32 values give: random values (sums that
+    /// round differently in any other order), every shape the kernel splits differently.
+    #[test]
+    fn bf16_rows_equal_their_f32_values() {
+        let mut state = 0x2545_f491_4f6c_dd1du64;
+        let mut next = move || {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+        };
+        for (d_in, d_out) in [(48, 1000), (576, 130), (37, 7), (64, 259)] {
+            let x: Vec<f32> = (0..d_in).map(|_| next()).collect();
+            let bf16: Vec<half::bf16> = (0..d_in * d_out)
+                .map(|_| half::bf16::from_f32(next()))
+                .collect();
+            let f32s: Vec<f32> = bf16.iter().map(|w| w.to_f32()).collect();
+            for threads in [1, 2, 3, 5] {
+                let pool = rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .build()
+                    .expect("a thread pool");
+                let (a, b) = pool.install(|| {
+                    team::with_team(|| {
+                        (
+                            matvecs(&[Rows::Bf16(&bf16)], &x),
+                            matvecs(&[Rows::F32(&f32s)], &x),
+                        )
+                    })
+                });
+                let bits = |v: &Vec<Vec<f32>>| v[0].iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                assert_eq!(bits(&a), bits(&b), "{d_in} x {d_out}, {threads} threads");
+            }
+        }
     }
 }

@@ -130,6 +130,28 @@ pub fn matvec_bundle_count(rows: usize) -> usize {
     rows / 4 + rows % 4
 }
 
+/// An element of a stored weight: f32, or bf16 widened exactly to f32 (its bits are an
+/// f32's high half), so a product over bf16 weights is bit-identical to one over the f32
+/// values they stand for: the same multiplies and adds in the same order, only half the
+/// bytes read.
+pub trait Weight: Copy + Send + Sync {
+    fn widen(self) -> f32;
+}
+
+impl Weight for f32 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        self
+    }
+}
+
+impl Weight for half::bf16 {
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+}
+
 multiversioned! {
     /// Part of a matrix-vector product over rows, `out[j] = weight row j · x`, where `weight`
     /// holds `out.len()` rows of `x.len()` (a `[d_in, d_out]` weight stored column-major):
@@ -147,41 +169,61 @@ multiversioned! {
         out: &[AtomicU32],
         bundles: Range<usize>,
     ) {
-        let d_in = x.len();
-        let quarter = out.len() / 4;
-        let quartered = bundles.start.min(quarter)..bundles.end.min(quarter);
-        let leftover = bundles.start.max(quarter)..bundles.end;
-        let stream = |k: usize| {
-            &weight[(k * quarter + quartered.start) * d_in..][..quartered.len() * d_in]
-        };
-        if d_in.is_multiple_of(LANES) {
-            let outs = |k: usize| &out[k * quarter + quartered.start..][..quartered.len()];
-            let outs = outs(0).iter().zip(outs(1)).zip(outs(2)).zip(outs(3));
-            let rows = stream(0).chunks_exact(d_in).zip(stream(1).chunks_exact(d_in));
-            let rows = rows
-                .zip(stream(2).chunks_exact(d_in))
-                .zip(stream(3).chunks_exact(d_in));
-            for ((((o0, o1), o2), o3), (((r0, r1), r2), r3)) in outs.zip(rows) {
-                let [d0, d1, d2, d3] = dot4([r0, r1, r2, r3], x);
-                o0.store(d0.to_bits(), Ordering::Relaxed);
-                o1.store(d1.to_bits(), Ordering::Relaxed);
-                o2.store(d2.to_bits(), Ordering::Relaxed);
-                o3.store(d3.to_bits(), Ordering::Relaxed);
-            }
-        } else {
-            for s in quartered {
-                for k in 0..4 {
-                    let row = k * quarter + s;
-                    let value = dot(&weight[row * d_in..][..d_in], x);
-                    out[row].store(value.to_bits(), Ordering::Relaxed);
-                }
+        bundles_of(weight, x, out, bundles)
+    }
+}
+
+multiversioned! {
+    /// [`matvec_bundles`] over bf16 weights, widened in registers: the same results, bit for
+    /// bit, as over their f32 values.
+    pub fn matvec_bundles_bf16(
+        weight: &[half::bf16],
+        x: &[f32],
+        out: &[AtomicU32],
+        bundles: Range<usize>,
+    ) {
+        bundles_of(weight, x, out, bundles)
+    }
+}
+
+/// The body of [`matvec_bundles`] for any weight element.
+#[inline(always)]
+fn bundles_of<W: Weight>(weight: &[W], x: &[f32], out: &[AtomicU32], bundles: Range<usize>) {
+    let d_in = x.len();
+    let quarter = out.len() / 4;
+    let quartered = bundles.start.min(quarter)..bundles.end.min(quarter);
+    let leftover = bundles.start.max(quarter)..bundles.end;
+    let stream =
+        |k: usize| &weight[(k * quarter + quartered.start) * d_in..][..quartered.len() * d_in];
+    if d_in.is_multiple_of(LANES) {
+        let outs = |k: usize| &out[k * quarter + quartered.start..][..quartered.len()];
+        let outs = outs(0).iter().zip(outs(1)).zip(outs(2)).zip(outs(3));
+        let rows = stream(0)
+            .chunks_exact(d_in)
+            .zip(stream(1).chunks_exact(d_in));
+        let rows = rows
+            .zip(stream(2).chunks_exact(d_in))
+            .zip(stream(3).chunks_exact(d_in));
+        for ((((o0, o1), o2), o3), (((r0, r1), r2), r3)) in outs.zip(rows) {
+            let [d0, d1, d2, d3] = dot4([r0, r1, r2, r3], x);
+            o0.store(d0.to_bits(), Ordering::Relaxed);
+            o1.store(d1.to_bits(), Ordering::Relaxed);
+            o2.store(d2.to_bits(), Ordering::Relaxed);
+            o3.store(d3.to_bits(), Ordering::Relaxed);
+        }
+    } else {
+        for s in quartered {
+            for k in 0..4 {
+                let row = k * quarter + s;
+                let value = dot(&weight[row * d_in..][..d_in], x);
+                out[row].store(value.to_bits(), Ordering::Relaxed);
             }
         }
-        // Leftover bundle s is row 4q + (s - q).
-        for row in leftover.start + 3 * quarter..leftover.end + 3 * quarter {
-            let value = dot(&weight[row * d_in..][..d_in], x);
-            out[row].store(value.to_bits(), Ordering::Relaxed);
-        }
+    }
+    // Leftover bundle s is row 4q + (s - q).
+    for row in leftover.start + 3 * quarter..leftover.end + 3 * quarter {
+        let value = dot(&weight[row * d_in..][..d_in], x);
+        out[row].store(value.to_bits(), Ordering::Relaxed);
     }
 }
 
@@ -239,18 +281,18 @@ fn weighted_row_block(weights: &[f32], rows: &[f32], stride: usize, out: &mut [f
 
 /// `a · b` over `LANES` partial sums.
 #[inline(always)]
-fn dot(a: &[f32], b: &[f32]) -> f32 {
+fn dot<W: Weight>(a: &[W], b: &[f32]) -> f32 {
     let mut lanes = [0.0f32; LANES];
     let (a_chunks, b_chunks) = (a.chunks_exact(LANES), b.chunks_exact(LANES));
     let tail: f32 = a_chunks
         .remainder()
         .iter()
         .zip(b_chunks.remainder())
-        .map(|(a, b)| a * b)
+        .map(|(a, b)| a.widen() * b)
         .sum();
     for (a, b) in a_chunks.zip(b_chunks) {
         for i in 0..LANES {
-            lanes[i] += a[i] * b[i];
+            lanes[i] += a[i].widen() * b[i];
         }
     }
     lanes.iter().sum::<f32>() + tail
@@ -258,16 +300,16 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 
 /// Four dot products with `x` (a multiple of `LANES` long), each over `LANES` partial sums.
 #[inline(always)]
-fn dot4([r0, r1, r2, r3]: [&[f32]; 4], x: &[f32]) -> [f32; 4] {
+fn dot4<W: Weight>([r0, r1, r2, r3]: [&[W]; 4], x: &[f32]) -> [f32; 4] {
     let mut lanes = [[0.0f32; LANES]; 4];
     let rows = r0.chunks_exact(LANES).zip(r1.chunks_exact(LANES));
     let rows = rows.zip(r2.chunks_exact(LANES)).zip(r3.chunks_exact(LANES));
     for (xs, (((w0, w1), w2), w3)) in x.chunks_exact(LANES).zip(rows) {
         for i in 0..LANES {
-            lanes[0][i] += w0[i] * xs[i];
-            lanes[1][i] += w1[i] * xs[i];
-            lanes[2][i] += w2[i] * xs[i];
-            lanes[3][i] += w3[i] * xs[i];
+            lanes[0][i] += w0[i].widen() * xs[i];
+            lanes[1][i] += w1[i].widen() * xs[i];
+            lanes[2][i] += w2[i].widen() * xs[i];
+            lanes[3][i] += w3[i].widen() * xs[i];
         }
     }
     lanes.map(|lanes| lanes.iter().sum())

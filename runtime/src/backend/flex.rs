@@ -18,6 +18,7 @@ use super::{Heads, KernelBackend, KvBuffers, LayerShape, LayerTensors, reference
 use crate::FlexBackend;
 use crate::kernels::attention::{CausalAttention, Matrix};
 use crate::kernels::layer::{self, KvSlot};
+use crate::kernels::linear;
 use crate::kernels::matvec::{self, Rows};
 use crate::kernels::simd::{self, Weight};
 use crate::kernels::team;
@@ -228,11 +229,20 @@ impl KernelBackend for FlexBackend {
         let [batch, seq, _] = x.dims();
         let weights = weights.map(|weight| weight.into_primitive().tensor());
         let rows: Option<Vec<Rows>> = weights.iter().map(matvec_rows).collect();
-        if let (1, Some(rows)) = (batch * seq, rows) {
+        if let Some(rows) = rows {
             let x = flex(x).to_contiguous();
-            let mut outs = matvec::matvecs(&rows, x.storage()).into_iter().map(|out| {
-                let d_out = out.len();
-                from_values(out, [1, 1, d_out])
+            let x: &[f32] = x.storage();
+            let d_in = x.len() / (batch * seq).max(1);
+            let outs: Vec<Vec<f32>> = if batch * seq == 1 {
+                matvec::matvecs(&rows, x)
+            } else {
+                rows.iter()
+                    .map(|&w| linear::linear_rows(x, w, d_in))
+                    .collect()
+            };
+            let mut outs = outs.into_iter().map(|out| {
+                let d_out = out.len() / (batch * seq).max(1);
+                from_values(out, [batch, seq, d_out])
             });
             return std::array::from_fn(|_| outs.next().expect("one output per weight"));
         }

@@ -1,15 +1,17 @@
-//! CPU kernels over plain `f32` slices: what the model's operations compute, with no
+//! CPU kernels over plain `f32` slices (weights f32 or bf16): what the model's operations compute, with no
 //! knowledge of Burn, tensors or the model (as ggml's CPU kernels know nothing of models).
 //! [`crate::backend`] exposes them to Burn.
 //!
 //! - [`simd`]: vectorized element-wise math and row reductions, multiversioned for AVX-512.
 //! - [`team`]: threads kept spinning while one token decodes, for its many short regions.
 //! - [`matvec`]: matrix-vector products split across threads with work stealing.
+//! - [`linear`]: products of many rows (a prompt) with a weight, through gemm.
 //! - [`attention`]: causal grouped-query attention, blocked for prompts, split for a token.
 //! - [`layer`]: one decoder layer for one token in one pass.
 
 pub mod attention;
 pub mod layer;
+pub mod linear;
 pub mod matvec;
 pub mod simd;
 pub mod team;

@@ -231,9 +231,23 @@ multiversioned! {
     /// `scores[j] = query · row j of rows`, rows `stride` apart, each `query.len()` long
     /// (a query against one head's columns of the token-major KV cache).
     pub fn dot_rows(query: &[f32], rows: &[f32], stride: usize, scores: &mut [f32]) {
+        // `dot`'s arithmetic, spelled out over whole registers: inlined here, its chunk
+        // iterators vectorized two lanes wide.
+        let whole = query.len() - query.len() % LANES;
+        let (query, tail) = query.split_at(whole);
         for (j, score) in scores.iter_mut().enumerate() {
-            let row = &rows[j * stride..][..query.len()];
-            *score = dot(row, query);
+            let row = &rows[j * stride..][..whole + tail.len()];
+            let (row, row_tail) = row.split_at(whole);
+            let tail: f32 = row_tail.iter().zip(tail).map(|(a, b)| a * b).sum();
+            let mut lanes = [0.0f32; LANES];
+            for c in (0..whole).step_by(LANES) {
+                let r: &[f32; LANES] = row[c..c + LANES].try_into().expect("a whole register");
+                let q: &[f32; LANES] = query[c..c + LANES].try_into().expect("a whole register");
+                for i in 0..LANES {
+                    lanes[i] += r[i] * q[i];
+                }
+            }
+            *score = lanes.iter().sum::<f32>() + tail;
         }
     }
 }

@@ -68,6 +68,18 @@ fn invalid_option_values_are_refused() {
             "max-new-tokens",
         ),
         (vec!["--prompt", "hi", "--backend", "gpu"], "gpu"),
+        (vec!["--prompt", "hi", "--weights", "f16"], "f16"),
+        (
+            vec![
+                "--prompt",
+                "hi",
+                "--weights",
+                "bf16",
+                "--backend",
+                "ndarray",
+            ],
+            "--weights bf16 needs the flex backend",
+        ),
         (vec!["--max-new-tokens", "3"], "--prompt"),
     ] {
         assert_one_line_error(&runtime(&args), expected);
@@ -200,4 +212,30 @@ fn perplexity_command_matches_transformers() {
     let relative = (ours / golden - 1.0).abs();
     eprintln!("perplexity {ours} vs transformers {golden}: relative {relative:.2e}");
     assert!(relative < PPL_TOLERANCE, "{ours} vs {golden}");
+}
+
+/// `--weights`: the default and f32 give the same ids (the library test holds the logits
+/// to the bit); bf16 on the bf16-sourced artifact rounds nothing, so no note.
+#[test]
+fn weights_options_give_the_same_text() {
+    let Some(dir) = artifact_dir() else { return };
+    let ids = |weights: &str| {
+        let out = greedy(
+            &dir,
+            "Once upon a time",
+            "24",
+            &["--json", "--weights", weights],
+        );
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(!String::from_utf8_lossy(&out.stderr).contains("note:"));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["tokens"].clone()
+    };
+    let auto = ids("auto");
+    assert_eq!(auto, ids("f32"));
+    assert_eq!(auto, ids("bf16"));
 }

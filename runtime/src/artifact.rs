@@ -19,8 +19,9 @@ use serde::{Deserialize, Serialize};
 use crate::backend::KernelBackend;
 use crate::config::{ConfigError, LlamaConfig};
 use crate::files::{FileError, read_text_bounded};
+use crate::load::{Kept, Weights, load_into};
 use crate::model::Llama;
-use crate::record::{Kept, Record, Weights, load_into};
+use crate::record::Record;
 
 /// The Burn record of the model's parameters.
 pub const MODEL_FILE: &str = "model.mpk";

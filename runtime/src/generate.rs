@@ -11,8 +11,8 @@ use crate::artifact::{self, ArtifactError, GENERATION_CONFIG_FILE};
 use crate::backend::KernelBackend;
 use crate::cache::{CacheError, KvCache};
 use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
+use crate::load::{Kept, Weights};
 use crate::model::Llama;
-use crate::record::{Kept, Weights};
 use crate::sampling::{Sampler, SamplingParams};
 use crate::tokenizer::{Tokenizer, TokenizerError};
 

@@ -41,6 +41,7 @@ pub mod config;
 pub mod files;
 pub mod generate;
 pub mod kernels;
+pub mod load;
 pub mod model;
 mod panics;
 pub mod params;

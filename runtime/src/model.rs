@@ -198,7 +198,7 @@ impl<B: KernelBackend> Llama<B> {
     /// embedding, which is already that layout: no copy, and a vocabulary-sized matrix less
     /// in memory.
     ///
-    /// A loaded artifact is already in this layout (`record::load_into` writes each weight
+    /// A loaded artifact is already in this layout (`load::load_into` writes each weight
     /// straight into it); this is for a model built otherwise (tests' random models).
     pub fn with_matvec_layout(self, tied: bool) -> Self {
         let lm_head = if tied {

@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use runtime::generate::{GenerateOptions, Generator, StopReason};
-use runtime::record::Weights;
+use runtime::load::Weights;
 use runtime::sampling::SamplingParams;
 use runtime::tokenizer::Tokenizer;
 use runtime::{FlexBackend, NdArrayBackend};

@@ -31,7 +31,7 @@ pub struct KvBuffers<'a, B: Backend> {
 /// The model's operations on a backend.
 pub trait KernelBackend: Backend {
     /// Whether every operation here takes matrices (projection weights, the embedding)
-    /// stored as bf16, computing as on their f32 values (`record::Weights`).
+    /// stored as bf16, computing as on their f32 values (`load::Weights`).
     const BF16_WEIGHTS: bool = false;
 
     /// Causal grouped-query attention.

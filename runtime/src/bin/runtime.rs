@@ -11,7 +11,7 @@ use clap::{Args, Parser, Subcommand};
 use runtime::backend::KernelBackend;
 use runtime::files;
 use runtime::generate::{GenerateOptions, Generation, Generator};
-use runtime::record::Weights;
+use runtime::load::Weights;
 use runtime::sampling::{SamplingParams, defaults};
 use runtime::tokenizer::Tokenizer;
 use runtime::{BackendKind, FlexBackend, NdArrayBackend};

@@ -17,7 +17,7 @@ use serde::Deserialize;
 use runtime::artifact::is_plain_file_name;
 use runtime::files::read_text_bounded;
 
-use crate::mmap::MappedFile;
+use runtime::files::MappedFile;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";

@@ -11,9 +11,9 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 
-use crate::mmap::MappedFile;
 pub use crate::quants::GgmlType;
 use crate::quants::dequantize;
+use runtime::files::MappedFile;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;

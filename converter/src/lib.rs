@@ -8,7 +8,6 @@ pub mod convert;
 pub mod digest;
 pub mod gguf;
 pub mod import;
-mod mmap;
 pub mod names;
 pub mod quants;
 pub mod record;

@@ -1,9 +1,13 @@
 //! Reading input files with a bound: regular files only (not a device, a FIFO or a
 //! directory, which could be read forever), and no more bytes than the file may hold, so
-//! what a file claims can't make us read or allocate without end.
+//! what a file claims can't make us read or allocate without end. Large inputs (weights)
+//! are mapped instead ([`MappedFile`]), read a tensor at a time.
 
 use std::io::Read;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
+
+use memmap2::{Mmap, UncheckedAdvice};
 
 /// Errors reading a bounded input file.
 #[derive(Debug, thiserror::Error)]
@@ -102,6 +106,50 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File, FileError> {
         return Err(not_regular());
     }
     Ok(file)
+}
+
+/// A regular file mapped read-only into memory.
+pub struct MappedFile {
+    map: Mmap,
+}
+
+impl MappedFile {
+    pub fn open(path: &Path) -> Result<Self, FileError> {
+        // A device or a FIFO has no end to map.
+        let file = open_regular(path)?;
+        // SAFETY: the map is read-only and private to this process. Another process
+        // truncating the file while we read it could fault; that is the same contract every
+        // mmap-based model loader (safetensors, llama.cpp) accepts. The converter never
+        // writes a file in place: it writes a staging directory and renames it.
+        let map = unsafe { Mmap::map(&file) }.map_err(|error| FileError::Io {
+            path: path.to_path_buf(),
+            error,
+        })?;
+        Ok(Self { map })
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.map
+    }
+
+    /// Drops the pages of `range` from this process's memory (mapped pages count in its
+    /// RSS): a reader done with a tensor keeps one tensor's pages, not the whole file's.
+    /// Reading them again reloads them from the file; failing to drop them only costs
+    /// memory, so errors are ignored.
+    pub fn release(&self, range: Range<usize>) {
+        let end = range.end.min(self.map.len());
+        if range.start < end {
+            // SAFETY: a read-only private file mapping: dropped pages are read back from
+            // the file, so no data is lost and no reference sees a change.
+            let _ = unsafe {
+                self.map.unchecked_advise_range(
+                    UncheckedAdvice::DontNeed,
+                    range.start,
+                    end - range.start,
+                )
+            };
+        }
+    }
 }
 
 fn check_size(path: &Path, bytes: u64, limit: u64) -> Result<(), FileError> {

@@ -10,9 +10,7 @@
 use std::ops::Range;
 use std::path::Path;
 
-use memmap2::Mmap;
-
-use crate::files::open_regular;
+use crate::files::MappedFile;
 
 /// Deepest nesting a record has is 8 (`item.layers[i].self_attn.q_proj.weight.param.shape`);
 /// anything far deeper is corrupt, and is refused before it can exhaust the stack.
@@ -35,7 +33,7 @@ enum Node {
 
 /// An open record: the file mapped, its structure parsed.
 pub struct Record {
-    map: Mmap,
+    map: MappedFile,
     item: Node,
 }
 
@@ -50,14 +48,15 @@ pub struct StoredParam<'a> {
 impl Record {
     /// Maps `path` and parses its structure (not its tensors' values).
     pub fn open(path: &Path) -> Result<Self, String> {
-        let file = open_regular(path).map_err(|e| e.to_string())?;
-        // SAFETY: read-only private mapping; the artifact is not written while it is read
-        // (the converter writes a staging directory and renames it into place).
-        let map = unsafe { Mmap::map(&file) }.map_err(|e| format!("cannot map it: {e}"))?;
-        let mut reader = Reader { bytes: &map, at: 0 };
+        let map = MappedFile::open(path).map_err(|e| e.to_string())?;
+        let bytes = map.bytes();
+        let mut reader = Reader { bytes, at: 0 };
         let root = reader.node(0)?;
-        if reader.at != map.len() {
-            return Err(format!("{} bytes follow the record", map.len() - reader.at));
+        if reader.at != bytes.len() {
+            return Err(format!(
+                "{} bytes follow the record",
+                bytes.len() - reader.at
+            ));
         }
         let Node::Map(fields) = root else {
             return Err("the record is not a map".into());
@@ -125,7 +124,7 @@ impl Record {
         Ok(StoredParam {
             id,
             shape,
-            bytes: &self.map[range.clone()],
+            bytes: &self.map.bytes()[range.clone()],
             range: range.clone(),
         })
     }
@@ -133,15 +132,7 @@ impl Record {
     /// Drops the pages of `param` from this process's memory once its values are copied
     /// (mapped pages count in its RSS): a load holds the model once, not twice.
     pub fn release(&self, param: &StoredParam<'_>) {
-        // SAFETY: a read-only private file mapping: dropped pages are read back from the
-        // file if touched again, so no reference sees a change.
-        let _ = unsafe {
-            self.map.unchecked_advise_range(
-                memmap2::UncheckedAdvice::DontNeed,
-                param.range.start,
-                param.range.len(),
-            )
-        };
+        self.map.release(param.range.clone());
     }
 }
 

@@ -19,6 +19,7 @@ use burn::tensor::{Tensor, TensorData};
 use indicatif::{ProgressBar, ProgressStyle};
 use runtime::artifact::{ArtifactRecorder, MODEL_FILE};
 use runtime::model::Llama;
+use runtime::params::FieldPath;
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;
@@ -46,7 +47,7 @@ pub fn write_record(
     staging: &Staging,
 ) -> Result<()> {
     let mut placeholders = Placeholders {
-        path: Vec::new(),
+        path: FieldPath::default(),
         order: VecDeque::new(),
     };
     let model = model.map(&mut placeholders);
@@ -97,21 +98,21 @@ impl Placeholder {
 /// Gives every parameter zeroed values and a deterministic `ParamId`, and lists them in
 /// the order the record serializes them (the module's field order, as it visits them).
 struct Placeholders {
-    path: Vec<String>,
+    path: FieldPath,
     order: VecDeque<Placeholder>,
 }
 
 impl ModuleMapper<B> for Placeholders {
-    fn enter_module(&mut self, name: &str, _container_type: &str) {
-        self.path.push(name.to_string());
+    fn enter_module(&mut self, name: &str, container_type: &str) {
+        self.path.enter(name, container_type);
     }
 
     fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
+        self.path.exit();
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
-        let path = self.path.join(".");
+        let path = self.path.path();
         let shape = param.lazy_shape().to_vec();
         // `vec![0.0; n]` is a zeroed allocation: pages the OS maps on first write only.
         let zeros = vec![0.0f32; shape.iter().product()];

@@ -9,6 +9,7 @@ use rayon::prelude::*;
 
 use crate::backend::KernelBackend;
 use crate::model::Llama;
+use crate::params::FieldPath;
 use crate::record::Record;
 
 /// How the loader keeps the matrices (projections and the embedding) in memory. The record
@@ -82,7 +83,7 @@ pub fn load_into<B: KernelBackend>(
         weights,
         kept: Kept::default(),
         device: device.clone(),
-        path: Vec::new(),
+        path: FieldPath::default(),
         embedding: None,
         error: None,
     };
@@ -99,8 +100,7 @@ struct Loader<'a, B: Backend> {
     weights: Weights,
     kept: Kept,
     device: B::Device,
-    /// Field names entered so far, with the type of the module each is a field of.
-    path: Vec<(String, String)>,
+    path: FieldPath,
     /// The embedding, `[vocab, hidden]`, for a tied lm_head.
     embedding: Option<TensorPrimitive<B>>,
     /// `ModuleMapper` can't return errors: the first one is kept here.
@@ -177,24 +177,18 @@ impl<B: Backend> Loader<'_, B> {
 
 impl<B: Backend> ModuleMapper<B> for Loader<'_, B> {
     fn enter_module(&mut self, name: &str, container_type: &str) {
-        let owner = container_type.rsplit(':').next().unwrap_or(container_type);
-        self.path.push((name.to_string(), owner.to_string()));
+        self.path.enter(name, container_type);
     }
 
     fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
+        self.path.exit();
     }
 
     fn map_float<const D: usize>(&mut self, param: Param<Tensor<B, D>>) -> Param<Tensor<B, D>> {
         if self.error.is_some() {
             return param;
         }
-        let path = (self.path.iter().map(|(name, _)| name.as_str()))
-            .collect::<Vec<_>>()
-            .join(".");
-        let owner = (self.path.last())
-            .map(|(_, owner)| owner.clone())
-            .unwrap_or_default();
+        let (path, owner) = (self.path.path(), self.path.owner().to_string());
         let expected = param.lazy_shape().to_vec();
         match self.tensor::<D>(&path, &owner, &expected) {
             Ok((id, tensor)) => Param::initialized(id, tensor),

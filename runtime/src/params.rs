@@ -21,11 +21,41 @@ pub struct ParamInfo {
     pub element_bytes: usize,
 }
 
+/// Where a module visitor or mapper is in the module tree: the field names entered so far,
+/// each with the Burn module type it is a field of. What the converter's and the loader's
+/// mappers and [`params`] all track to name a parameter.
+#[derive(Debug, Default)]
+pub struct FieldPath(Vec<(String, String)>);
+
+impl FieldPath {
+    /// Entering field `name` of a module of `container_type` (Burn's `Struct:Linear`,
+    /// `Vec`, ...).
+    pub fn enter(&mut self, name: &str, container_type: &str) {
+        let owner = container_type.rsplit(':').next().unwrap_or(container_type);
+        self.0.push((name.to_string(), owner.to_string()));
+    }
+
+    pub fn exit(&mut self) {
+        self.0.pop();
+    }
+
+    /// Record field path of where we are, `layers.0.self_attn.q_proj.weight`.
+    pub fn path(&self) -> String {
+        let names: Vec<&str> = self.0.iter().map(|(name, _)| name.as_str()).collect();
+        names.join(".")
+    }
+
+    /// The module type the innermost field belongs to (`Linear`, `RmsNorm`, ...).
+    pub fn owner(&self) -> &str {
+        self.0.last().map_or("", |(_, owner)| owner.as_str())
+    }
+}
+
 /// Every float parameter of `module`, in visiting order. Reads shapes without initialising
 /// lazy parameters.
 pub fn params<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamInfo> {
     let mut visitor = ParamVisitor {
-        path: Vec::new(),
+        path: FieldPath::default(),
         found: Vec::new(),
     };
     module.visit(&mut visitor);
@@ -33,34 +63,29 @@ pub fn params<B: Backend, M: Module<B>>(module: &M) -> Vec<ParamInfo> {
 }
 
 struct ParamVisitor {
-    /// The field names entered so far, each with the type of the struct it is a field of.
-    path: Vec<(String, String)>,
+    path: FieldPath,
     found: Vec<ParamInfo>,
 }
 
 impl<B: Backend> ModuleVisitor<B> for ParamVisitor {
     fn enter_module(&mut self, name: &str, container_type: &str) {
-        // Burn names a container `Struct:Linear`, `Vec`, ...
-        let owner = container_type.rsplit(':').next().unwrap_or(container_type);
-        self.path.push((name.to_string(), owner.to_string()));
+        self.path.enter(name, container_type);
     }
 
     fn exit_module(&mut self, _name: &str, _container_type: &str) {
-        self.path.pop();
+        self.path.exit();
     }
 
     fn visit_float<const D: usize>(&mut self, param: &Param<Tensor<B, D>>) {
-        let names: Vec<&str> = self.path.iter().map(|(name, _)| name.as_str()).collect();
-        let owner = self.path.last().map(|(_, owner)| owner.clone());
         let element_bytes = if param.is_initialized() {
             param.val().dtype().size()
         } else {
             size_of::<f32>()
         };
         self.found.push(ParamInfo {
-            path: names.join("."),
+            path: self.path.path(),
             shape: param.lazy_shape().to_vec(),
-            owner: owner.unwrap_or_default(),
+            owner: self.path.owner().to_string(),
             element_bytes,
         });
     }

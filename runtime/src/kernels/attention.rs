@@ -12,6 +12,7 @@ use std::cell::RefCell;
 
 use rayon::prelude::*;
 
+use super::linear::product;
 use super::simd;
 use super::team;
 
@@ -330,6 +331,7 @@ impl CausalAttention<'_> {
                     1,
                     self.keys.row_stride,
                 ),
+                gemm::Parallelism::None,
             );
         }
         let mut inverse_sums = [0.0f32; BLOCK_ROWS];
@@ -350,6 +352,7 @@ impl CausalAttention<'_> {
                     self.values.row_stride,
                     1,
                 ),
+                gemm::Parallelism::None,
             );
         }
         for (r, inverse_sum) in inverse_sums[..rows].iter().enumerate() {
@@ -382,45 +385,6 @@ impl CausalAttention<'_> {
         last(&self.queries, self.seq, n_heads * head_dim);
         last(&self.keys, self.start + self.seq, n_kv_heads * head_dim);
         last(&self.values, self.start + self.seq, n_kv_heads * head_dim);
-    }
-}
-
-/// `dst = lhs · rhs` on the calling thread, for `[m, n, k]`: an `m × k` lhs and a `k × n`
-/// rhs, each given as (pointer, row stride, column stride), into a row-major `dst` given as
-/// (pointer, row stride).
-///
-/// # Safety
-/// Every element of the three matrices those pointers and strides describe must lie inside
-/// one live allocation, and `dst` must not overlap the others.
-unsafe fn product(
-    [m, n, k]: [usize; 3],
-    (dst, dst_row_stride): (*mut f32, usize),
-    (lhs, lhs_row_stride, lhs_column_stride): (*const f32, usize, usize),
-    (rhs, rhs_row_stride, rhs_column_stride): (*const f32, usize, usize),
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        gemm::gemm(
-            m,
-            n,
-            k,
-            dst,
-            1,
-            dst_row_stride as isize,
-            false, // dst is overwritten, not read
-            lhs,
-            lhs_column_stride as isize,
-            lhs_row_stride as isize,
-            rhs,
-            rhs_column_stride as isize,
-            rhs_row_stride as isize,
-            0.0,
-            1.0,
-            false,
-            false,
-            false,
-            gemm::Parallelism::None,
-        );
     }
 }
 

@@ -1,5 +1,6 @@
 //! Products of many rows (a prompt) with a weight stored as [`Rows`]: gemm on f32, a bf16
-//! weight widened a block of outputs at a time into a scratch buffer that is reused.
+//! weight widened a block of outputs at a time into a scratch buffer that is reused. Also
+//! the kernels' one call into gemm ([`product`], which attention's blocks use too).
 //!
 //! f32 and bf16 weights take the same path, block by block with the same gemm calls, so a
 //! bf16 weight's products are those of its f32 values to the bit. Widening a whole weight
@@ -35,7 +36,7 @@ fn in_blocks(x: &[f32], weight: Rows<'_>, d_in: usize, block_values: usize) -> V
         let n = block.min(d_out - first);
         let values = first * d_in..(first + n) * d_in;
         match weight {
-            Rows::F32(w) => product(x, &w[values], &mut out, [rows, n, d_in], first, d_out),
+            Rows::F32(w) => rows_product(x, &w[values], &mut out, [rows, n, d_in], first, d_out),
             Rows::Bf16(w) => SCRATCH.with_borrow_mut(|scratch| {
                 scratch.resize(values.len(), 0.0);
                 (scratch.par_chunks_mut(1 << 16))
@@ -45,7 +46,7 @@ fn in_blocks(x: &[f32], weight: Rows<'_>, d_in: usize, block_values: usize) -> V
                             *o = w.widen();
                         }
                     });
-                product(x, scratch, &mut out, [rows, n, d_in], first, d_out)
+                rows_product(x, scratch, &mut out, [rows, n, d_in], first, d_out)
             }),
         }
     }
@@ -54,7 +55,7 @@ fn in_blocks(x: &[f32], weight: Rows<'_>, d_in: usize, block_values: usize) -> V
 
 /// `out[r, first + j] = x[r] · w[j]` for the `n` rows of `k` in `w`; `out` rows are
 /// `out_width` wide.
-fn product(
+fn rows_product(
     x: &[f32],
     w: &[f32],
     out: &mut [f32],
@@ -69,22 +70,49 @@ fn product(
         gemm::Parallelism::None
     };
     // SAFETY: the assert above keeps every element the strides below reach inside the
-    // three slices; `out` is a distinct, exclusively borrowed buffer.
+    // three slices; `out` is a distinct, exclusively borrowed buffer. `w` holds row j of
+    // the weight contiguously: the rhs (k × n) has row stride 1 and column stride k.
+    unsafe {
+        product(
+            [m, n, k],
+            (out[first..].as_mut_ptr(), out_width),
+            (x.as_ptr(), k, 1),
+            (w.as_ptr(), 1, k),
+            parallelism,
+        );
+    }
+}
+
+/// `dst = lhs · rhs` through gemm, for `[m, n, k]`: an `m × k` lhs and a `k × n` rhs, each
+/// given as (pointer, row stride, column stride), into a row-major `dst` given as (pointer,
+/// row stride), split across threads as `parallelism` says.
+///
+/// # Safety
+/// Every element of the three matrices those pointers and strides describe must lie inside
+/// one live allocation, and `dst` must not overlap the others.
+pub(super) unsafe fn product(
+    [m, n, k]: [usize; 3],
+    (dst, dst_row_stride): (*mut f32, usize),
+    (lhs, lhs_row_stride, lhs_column_stride): (*const f32, usize, usize),
+    (rhs, rhs_row_stride, rhs_column_stride): (*const f32, usize, usize),
+    parallelism: gemm::Parallelism,
+) {
+    // SAFETY: forwarded from the caller.
     unsafe {
         gemm::gemm(
             m,
             n,
             k,
-            out[first..].as_mut_ptr(),
+            dst,
             1,
-            out_width as isize,
-            false, // out is overwritten, not read
-            x.as_ptr(),
-            1,
-            k as isize,
-            w.as_ptr(),
-            k as isize,
-            1,
+            dst_row_stride as isize,
+            false, // dst is overwritten, not read
+            lhs,
+            lhs_column_stride as isize,
+            lhs_row_stride as isize,
+            rhs,
+            rhs_column_stride as isize,
+            rhs_row_stride as isize,
             0.0,
             1.0,
             false,

@@ -6,6 +6,7 @@
 use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
+pub use crate::backend::KvDtype;
 use crate::backend::{KernelBackend, KvBuffers};
 use crate::config::LlamaConfig;
 use crate::rope::{Rope, RopeRows};
@@ -36,6 +37,7 @@ pub struct LayerCache<B: Backend> {
     len: usize,
     /// The model's sliding window: how many of the latest positions a token sees.
     window: Option<usize>,
+    dtype: KvDtype,
 }
 
 /// The cache of every layer, and how many positions they hold.
@@ -48,21 +50,25 @@ pub struct KvCache<B: Backend> {
     capacity: usize,
 }
 
-impl<B: Backend> KvCache<B> {
+impl<B: KernelBackend> KvCache<B> {
     /// A cache for `batch` sequences of `capacity` positions (prompt plus generated tokens),
-    /// refused if its buffers and tables would not fit in the memory available: a config may
-    /// claim any context length, and a run may ask for any number of tokens.
+    /// its keys and values stored as `dtype`, refused if its buffers and tables would not
+    /// fit in the memory available: a config may claim any context length, and a run may ask
+    /// for any number of tokens.
     pub fn new(
         config: &LlamaConfig,
         batch: usize,
         capacity: usize,
+        dtype: KvDtype,
         device: &B::Device,
     ) -> Result<Self, CacheError> {
         let width = config.n_kv_heads * config.head_dim;
-        let floats = (config.num_layers as u64 * 2 * batch as u64 * width as u64)
-            .saturating_add(2 * config.head_dim as u64)
+        let kv_bytes = (config.num_layers as u64 * 2 * batch as u64 * width as u64)
+            .saturating_mul(dtype.size() as u64);
+        // The rotary tables: cos and sin, f32.
+        let bytes = kv_bytes
+            .saturating_add(2 * 4 * config.head_dim as u64)
             .saturating_mul(capacity as u64);
-        let bytes = floats.saturating_mul(4);
         if let Some(available) = available_memory().filter(|&a| bytes > a) {
             return Err(CacheError::TooLarge {
                 positions: capacity,
@@ -73,10 +79,11 @@ impl<B: Backend> KvCache<B> {
         let shape = [batch, capacity, width];
         let layers = (0..config.num_layers)
             .map(|_| LayerCache {
-                keys: Tensor::zeros(shape, device),
-                values: Tensor::zeros(shape, device),
+                keys: B::kv_buffer(shape, dtype, device),
+                values: B::kv_buffer(shape, dtype, device),
                 len: 0,
                 window: config.sliding_window,
+                dtype,
             })
             .collect();
         Ok(Self {
@@ -160,8 +167,8 @@ impl<B: KernelBackend> LayerCache<B> {
     ) -> Result<(Tensor<B, 3>, Tensor<B, 3>), CacheError> {
         let [_, seq, _] = k.dims();
         let end = self.reserve(seq)?;
-        B::write_rows(&mut self.keys, self.len, k);
-        B::write_rows(&mut self.values, self.len, v);
+        B::write_rows(&mut self.keys, self.len, k, self.dtype);
+        B::write_rows(&mut self.values, self.len, v, self.dtype);
         self.len = end;
         let prefix = |t: &Tensor<B, 3>| t.clone().narrow(1, 0, end);
         Ok((prefix(&self.keys), prefix(&self.values)))

@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::artifact::{self, ArtifactError, GENERATION_CONFIG_FILE};
 use crate::backend::KernelBackend;
-use crate::cache::{CacheError, KvCache};
+use crate::cache::{CacheError, KvCache, KvDtype};
 use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::load::{Kept, Weights};
 use crate::model::Llama;
@@ -101,6 +101,8 @@ pub struct Generator<B: KernelBackend> {
     pub config: LlamaConfig,
     /// What the loader kept the matrices as.
     pub kept: Kept,
+    /// What new KV caches store keys and values as.
+    pub kv_dtype: KvDtype,
     eos_ids: Vec<u32>,
     device: B::Device,
 }
@@ -133,6 +135,7 @@ impl<B: KernelBackend> Generator<B> {
             model,
             config,
             kept,
+            kv_dtype: KvDtype::default(),
             eos_ids,
             device: device.clone(),
         })
@@ -144,7 +147,7 @@ impl<B: KernelBackend> Generator<B> {
 
     /// An empty KV cache for `capacity` positions.
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache<B>, CacheError> {
-        KvCache::new(&self.config, 1, capacity, &self.device)
+        KvCache::new(&self.config, 1, capacity, self.kv_dtype, &self.device)
     }
 
     /// Runs `ids` through the model after what `cache` holds, in chunks, and returns the

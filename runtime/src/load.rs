@@ -15,7 +15,7 @@ use crate::record::Record;
 /// How the loader keeps the matrices (projections and the embedding) in memory. The record
 /// holds f32; a bf16 checkpoint's values are bf16 values widened, 16 low bits zero, and
 /// kept as bf16 they take half the memory and half the bytes a decoded token reads, with
-/// the same products (`kernels::simd::Weight`).
+/// the same products (`kernels::simd::Stored`).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum Weights {
     /// bf16 for each matrix whose every value is one (exact), f32 for any other, so an

@@ -385,6 +385,7 @@ impl<B: Backend> ModuleMapper<B> for ColumnMajor {
 mod tests {
     use super::*;
     use crate::FlexBackend;
+    use crate::cache::KvDtype;
     use crate::config::Biases;
     use crate::kernels::team;
     use crate::testing::{Randomize, normal};
@@ -393,7 +394,7 @@ mod tests {
     /// what the layer's ops give, token after token, with keys split across threads once
     /// there are enough of them and projections both split and not: at 1, 2, 3 and 5
     /// threads, inside a thread team as `Llama::decode` runs it. Plain, and with every bias
-    /// and a sliding window shorter than the sequence.
+    /// and a sliding window shorter than the sequence; with each KV cache type.
     #[test]
     fn fused_decode_layer_equals_the_composed_ops() {
         let plain = LlamaConfig::plain([64, 160, 1], [4, 2, 16], 10, 96);
@@ -410,11 +411,13 @@ mod tests {
                 ..plain
             },
         ] {
-            fused_layer_equals_composed(&config);
+            for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+                fused_layer_equals_composed(&config, dtype);
+            }
         }
     }
 
-    fn fused_layer_equals_composed(config: &LlamaConfig) {
+    fn fused_layer_equals_composed(config: &LlamaConfig, dtype: KvDtype) {
         let device = Default::default();
         let model = config
             .init::<FlexBackend>(&device)
@@ -423,8 +426,9 @@ mod tests {
         let layer = model.layers.into_iter().next().expect("one layer");
         let positions = 90;
         for threads in [1, 2, 3, 5] {
-            let [mut fused_cache, mut composed_cache] = [(); 2]
-                .map(|_| KvCache::new(config, 1, positions, &device).expect("a small cache"));
+            let [mut fused_cache, mut composed_cache] = [(); 2].map(|_| {
+                KvCache::new(config, 1, positions, dtype, &device).expect("a small cache")
+            });
             for position in 0..positions {
                 let x = normal::<FlexBackend, 3>([1, 1, 64], position as u64);
                 let rope = fused_cache.rope_rows(1);
@@ -450,7 +454,10 @@ mod tests {
                     cache.advance(1);
                 }
                 let (fused, composed) = (fused.into_data(), composed.into_data());
-                assert_eq!(fused, composed, "{threads} threads, position {position}");
+                assert_eq!(
+                    fused, composed,
+                    "{dtype}, {threads} threads, position {position}"
+                );
             }
         }
     }

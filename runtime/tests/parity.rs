@@ -14,6 +14,7 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
+use runtime::cache::KvDtype;
 use runtime::generate::{GenerateOptions, Generator, StopReason};
 use runtime::load::Weights;
 use runtime::sampling::SamplingParams;
@@ -27,6 +28,12 @@ const MIN_MARGIN: f64 = 0.03;
 /// Relative perplexity difference allowed against transformers: measured agreement is
 /// ~1e-7 (f32 rounding in a different order), this leaves 100x margin.
 const PPL_TOLERANCE: f64 = 1e-5;
+
+/// The same for an f16 or bf16 KV cache, which rounds keys and values (measured: 6e-5).
+const KV_PPL_TOLERANCE: f64 = 5e-4;
+
+/// Greedy paths compared with an f16 or bf16 KV cache: those with at least this top-2 gap.
+const KV_MIN_MARGIN: f64 = 0.03;
 
 #[derive(Deserialize)]
 struct Golden {
@@ -337,4 +344,42 @@ fn bf16_weights_give_the_f32_results_bit_for_bit() {
     assert!(a.0 == b.0, "prefill logits differ");
     assert!(a.1 == b.1, "decoded logits differ");
     assert_eq!(a.2, b.2, "perplexity differs");
+}
+
+/// An f16 or bf16 KV cache rounds every key and value, so its results are not transformers'
+/// to the bit, but stay near them: the perplexity within `KV_PPL_TOLERANCE` and the greedy
+/// continuations the same where transformers' top-2 margin is wide.
+#[test]
+fn narrow_kv_caches_stay_near_transformers() {
+    let Some((_, tokenizer)) = model() else {
+        return;
+    };
+    let dir = artifact_dir().unwrap();
+    let golden = golden();
+    let ids: PplIds = serde_json::from_str(include_str!("data/ppl_ids_transformers.json")).unwrap();
+    for dtype in [KvDtype::F16, KvDtype::Bf16] {
+        let mut generator = Generator::<FlexBackend>::load(&dir, &Default::default()).unwrap();
+        generator.kv_dtype = dtype;
+        let ppl = generator.perplexity(&ids.ids).unwrap().ppl;
+        let relative = (ppl / golden.perplexity.ppl - 1.0).abs();
+        eprintln!("--kv-cache {dtype}: perplexity {ppl}, relative {relative:.2e}");
+        assert!(relative < KV_PPL_TOLERANCE, "{dtype}: {relative:.2e}");
+        let eos = generator.eos_ids();
+        for p in golden
+            .prompts
+            .iter()
+            .filter(|p| p.min_margin >= KV_MIN_MARGIN)
+        {
+            let out = generator
+                .generate(tokenizer, &p.prompt_ids, &greedy(40), |_| {})
+                .unwrap();
+            let expected: Vec<u32> = p
+                .ids
+                .iter()
+                .copied()
+                .filter(|id| !eos.contains(id))
+                .collect();
+            assert_eq!(out.tokens, expected, "{dtype}: {:?}", p.prompt);
+        }
+    }
 }

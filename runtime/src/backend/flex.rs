@@ -10,19 +10,41 @@
 
 use std::sync::Arc;
 
-use burn::tensor::{Bytes, DType, Tensor, TensorData, TensorPrimitive, bf16};
+use burn::tensor::{Bytes, DType, Shape, Tensor, TensorData, TensorPrimitive, bf16};
 use burn_flex::FlexTensor;
 use rayon::prelude::*;
 
-use super::{Heads, KernelBackend, KvBuffers, LayerShape, LayerTensors, reference, take};
+use super::{Heads, KernelBackend, KvBuffers, KvDtype, LayerShape, LayerTensors, reference, take};
 use crate::FlexBackend;
 use crate::kernels::attention::{CausalAttention, Matrix};
 use crate::kernels::layer::{self, KvSlot};
 use crate::kernels::linear;
 use crate::kernels::matvec::{self, Rows};
-use crate::kernels::simd::{self, Weight};
+use crate::kernels::simd::{self, Stored};
 use crate::kernels::team;
 use crate::rope::RopeRows;
+
+/// Runs `$body` with `$stored` the element type of a KV cache buffer of dtype `$dtype`
+/// (see [`FlexBackend::kv_buffer`]).
+macro_rules! with_stored {
+    ($dtype:expr, $stored:ident => $body:expr) => {
+        match $dtype {
+            DType::F32 => {
+                type $stored = f32;
+                $body
+            }
+            DType::F16 => {
+                type $stored = half::f16;
+                $body
+            }
+            DType::BF16 => {
+                type $stored = half::bf16;
+                $body
+            }
+            other => panic!("a KV cache buffer of {other:?}"),
+        }
+    };
+}
 
 impl KernelBackend for FlexBackend {
     /// The matrix-vector kernels read bf16 rows and widen them in registers; products of
@@ -69,7 +91,7 @@ impl KernelBackend for FlexBackend {
             flex(take(values)).to_contiguous(),
         );
         let mut out = flex(x.clone()).to_contiguous();
-        layer::decode_layer(
+        with_stored!(key_buffer.dtype(), S => layer::decode_layer::<S>(
             out.storage_mut(),
             &slices,
             shape,
@@ -80,10 +102,20 @@ impl KernelBackend for FlexBackend {
             },
             cos.storage(),
             sin.storage(),
-        );
+        ));
         *keys = from_flex(key_buffer);
         *values = from_flex(value_buffer);
         Some(from_flex(out))
+    }
+
+    /// A buffer of `dtype` itself: an f16 or bf16 cache is half the bytes to read.
+    fn kv_buffer(shape: [usize; 3], dtype: KvDtype, _device: &Self::Device) -> Tensor<Self, 3> {
+        let dtype = match dtype {
+            KvDtype::F32 => DType::F32,
+            KvDtype::F16 => DType::F16,
+            KvDtype::Bf16 => DType::BF16,
+        };
+        from_flex(FlexTensor::zeros(Shape::from(shape), dtype))
     }
 
     fn causal_attention(
@@ -96,18 +128,28 @@ impl KernelBackend for FlexBackend {
         let [batch, seq, width] = queries.dims();
         let total = keys.dims()[1];
         let (queries, keys, values) = (row_major(queries), row_major(keys), row_major(values));
-        let view = |t| matrix(t).expect("row_major gives contiguous rows");
-        let out = CausalAttention {
-            queries: view(&queries),
-            keys: view(&keys),
-            values: view(&values),
-            batch,
-            seq,
-            start: total - seq,
-            heads,
-            window,
-        }
-        .run();
+        let queries = matrix(&queries).expect("row_major gives contiguous rows");
+        let start = total - seq;
+        let out = with_stored!(keys.dtype(), S => {
+            let view = |t| matrix::<S>(t).expect("row_major gives contiguous rows");
+            let (keys, values) = (view(&keys), view(&values));
+            if seq == 1 {
+                CausalAttention { queries, keys, values, batch, seq, start, heads, window }.decode()
+            } else {
+                // A prompt's blocks go through gemm, on f32: keys and values stored narrower
+                // are widened first, a small copy beside the products over them.
+                let kv_width = heads.n_kv_heads * heads.head_dim;
+                let (keys, values) = (
+                    keys.widened(batch, total, kv_width),
+                    values.widened(batch, total, kv_width),
+                );
+                let (keys, values) = (
+                    Matrix::packed(&keys, total, kv_width),
+                    Matrix::packed(&values, total, kv_width),
+                );
+                CausalAttention { queries, keys, values, batch, seq, start, heads, window }.run()
+            }
+        });
         from_values(out, [batch, seq, width])
     }
 
@@ -194,7 +236,12 @@ impl KernelBackend for FlexBackend {
     /// In place, when this is the buffer's only handle (the KV cache's is). burn-flex 0.21's
     /// `slice_assign` copies the whole destination on every call even then
     /// (tracel-ai/burn#5575, fixed after 0.21): every layer's whole cache, every token.
-    fn write_rows(buffer: &mut Tensor<Self, 3>, start: usize, rows: Tensor<Self, 3>) {
+    fn write_rows(
+        buffer: &mut Tensor<Self, 3>,
+        start: usize,
+        rows: Tensor<Self, 3>,
+        _dtype: KvDtype,
+    ) {
         let [batch, capacity, width] = buffer.dims();
         let [_, seq, _] = rows.dims();
         assert_eq!(
@@ -207,18 +254,19 @@ impl KernelBackend for FlexBackend {
             "write_rows: {} rows past {capacity}",
             start + seq
         );
-        let mut owned = flex(take(buffer));
-        if !owned.is_contiguous() || owned.layout().start_offset() != 0 {
-            *buffer = reference::write_rows(from_flex(owned), start, rows);
-            return;
-        }
+        // The cache's buffers are contiguous and not shared: no copy.
+        let mut owned = flex(take(buffer)).to_contiguous();
         let rows = flex(rows).to_contiguous();
         let rows: &[f32] = rows.storage();
-        let dst: &mut [f32] = owned.storage_mut(); // copies only if the storage is shared
-        for (b, rows) in rows.chunks_exact(seq * width).enumerate() {
-            let at = (b * capacity + start) * width;
-            dst[at..at + rows.len()].copy_from_slice(rows);
-        }
+        with_stored!(owned.dtype(), S => {
+            let dst: &mut [S] = owned.storage_mut();
+            for (b, rows) in rows.chunks_exact(seq * width).enumerate() {
+                let at = (b * capacity + start) * width;
+                for (to, &x) in dst[at..at + rows.len()].iter_mut().zip(rows) {
+                    *to = S::narrow(x);
+                }
+            }
+        });
         *buffer = from_flex(owned);
     }
 
@@ -315,16 +363,18 @@ fn from_values(values: Vec<f32>, shape: [usize; 3]) -> Tensor<FlexBackend, 3> {
 /// (a slice of the KV cache's buffer is), else a contiguous copy.
 fn row_major(tensor: Tensor<FlexBackend, 3>) -> FlexTensor {
     let tensor = flex(tensor);
-    if matrix(&tensor).is_some() {
+    if matches!(*tensor.layout().strides(), [b, r, 1] if b >= 0 && r >= 0) {
         tensor
     } else {
         tensor.to_contiguous()
     }
 }
 
-/// A `[batch, rows, width]` burn-flex tensor as a view of its buffer, if its rows are
-/// contiguous.
-fn matrix(tensor: &FlexTensor) -> Option<Matrix<'_>> {
+/// A `[batch, rows, width]` burn-flex tensor of `S` values as a view of its buffer, if its
+/// rows are contiguous.
+fn matrix<S: Stored + burn::tensor::Element + bytemuck::Pod>(
+    tensor: &FlexTensor,
+) -> Option<Matrix<'_, S>> {
     let layout = tensor.layout();
     match *layout.strides() {
         [batch_stride, row_stride, 1] if batch_stride >= 0 && row_stride >= 0 => Some(Matrix {
@@ -374,6 +424,14 @@ mod tests {
     }
 
     fn attention_matches_the_reference() {
+        for dtype in [KvDtype::F32, KvDtype::F16, KvDtype::Bf16] {
+            attention_matches_the_reference_with(dtype);
+        }
+    }
+
+    /// Keys and values of `dtype`, written by `write_rows` into a cache buffer: the fused
+    /// kernel reads the buffer's prefix, the reference the same values rounded in f32.
+    fn attention_matches_the_reference_with(dtype: KvDtype) {
         let heads = Heads {
             n_heads: 6,
             n_kv_heads: 2,
@@ -399,11 +457,17 @@ mod tests {
             let total = start + seq;
             let seed = (batch * 1000 + start + seq) as u64;
             let queries = normal([batch, seq, 6 * 16], seed) * 0.25;
-            let cache = |t: Tensor<FlexBackend, 3>| t.narrow(1, 0, total);
-            let keys = cache(normal([batch, total + 9, 2 * 16], seed + 1));
-            let values = cache(normal([batch, total + 9, 2 * 16], seed + 2));
-            let (q, k, v) = (queries.clone(), keys.clone(), values.clone());
-            let reference = reference::attention(q, k, v, heads, window);
+            let cache = |seed| {
+                let rows = normal([batch, total, 2 * 16], seed);
+                let shape = [batch, total + 9, 2 * 16];
+                let mut buffer = FlexBackend::kv_buffer(shape, dtype, &Default::default());
+                FlexBackend::write_rows(&mut buffer, 0, rows.clone(), dtype);
+                (buffer.narrow(1, 0, total), reference::round(rows, dtype))
+            };
+            let ((keys, rounded_keys), (values, rounded_values)) =
+                (cache(seed + 1), cache(seed + 2));
+            let q = queries.clone();
+            let reference = reference::attention(q, rounded_keys, rounded_values, heads, window);
             let fused = FlexBackend::causal_attention(queries, keys, values, heads, window);
             assert_close(fused, reference);
         }
@@ -422,7 +486,7 @@ mod tests {
         };
         let mut buffer = buffer + 0.0; // a fresh buffer with one handle, as the cache's is
         let before = address(&buffer);
-        FlexBackend::write_rows(&mut buffer, 4, rows);
+        FlexBackend::write_rows(&mut buffer, 4, rows, KvDtype::F32);
         assert_eq!(address(&buffer), before, "the buffer was copied");
         assert_close(buffer, reference);
     }

@@ -20,6 +20,61 @@ use crate::rope::RopeRows;
 /// `[d_in, d_out]`.
 pub type LayerTensors<B> = LayerWeights<Tensor<B, 1>, Tensor<B, 2>>;
 
+/// What a KV cache stores its keys and values as (`--kv-cache`). f16 and bf16 halve the
+/// bytes decoding reads at long context, at the cost of rounding every key and value
+/// (llama.cpp keeps f16); f32 keeps them as the projections give them, which transformers
+/// does.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum KvDtype {
+    #[default]
+    F32,
+    F16,
+    Bf16,
+}
+
+impl KvDtype {
+    /// Bytes per stored value.
+    pub fn size(self) -> usize {
+        match self {
+            Self::F32 => 4,
+            Self::F16 | Self::Bf16 => 2,
+        }
+    }
+
+    /// `x` rounded to the nearest value this type stores (ties to even).
+    pub fn round(self, x: f32) -> f32 {
+        use crate::kernels::simd::Stored;
+        match self {
+            Self::F32 => x,
+            Self::F16 => half::f16::narrow(x).widen(),
+            Self::Bf16 => half::bf16::narrow(x).widen(),
+        }
+    }
+}
+
+impl std::fmt::Display for KvDtype {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::F32 => "f32",
+            Self::F16 => "f16",
+            Self::Bf16 => "bf16",
+        })
+    }
+}
+
+impl std::str::FromStr for KvDtype {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        match s {
+            "f32" => Ok(Self::F32),
+            "f16" => Ok(Self::F16),
+            "bf16" => Ok(Self::Bf16),
+            other => Err(format!("{other:?} is not one of f32, f16, bf16")),
+        }
+    }
+}
+
 /// One layer's key and value buffers, `[batch, capacity, n_kv_heads * head_dim]` each, and
 /// the position a token goes to.
 pub struct KvBuffers<'a, B: Backend> {
@@ -39,7 +94,7 @@ pub trait KernelBackend: Backend {
     /// # Shapes
     /// - queries: `[batch, seq, n_heads * head_dim]`, rotated and scaled by `1/sqrt(head_dim)`
     /// - keys, values: `[batch, start + seq, n_kv_heads * head_dim]`, positions `0..start`
-    ///   from the cache followed by this call's
+    ///   from the cache followed by this call's (views of [`Self::kv_buffer`]s)
     /// - output: `[batch, seq, n_heads * head_dim]`; query `i` attends to keys `0..=start + i`,
     ///   or with a sliding `window` to the last `window` of them
     fn causal_attention(
@@ -80,9 +135,23 @@ pub trait KernelBackend: Backend {
         reference::rotary(x, rope, scale)
     }
 
-    /// Writes `rows: [batch, seq, width]` over positions `start..start + seq` of
-    /// `buffer: [batch, capacity, width]`: how the KV cache appends.
-    fn write_rows(buffer: &mut Tensor<Self, 3>, start: usize, rows: Tensor<Self, 3>) {
+    /// A zeroed KV cache buffer, `[batch, capacity, width]`, for values of `dtype`. By
+    /// default an f32 buffer whatever `dtype`, into which [`Self::write_rows`] writes values
+    /// rounded to it: the cache type's numbers, not its bytes.
+    fn kv_buffer(shape: [usize; 3], _dtype: KvDtype, device: &Self::Device) -> Tensor<Self, 3> {
+        Tensor::zeros(shape, device)
+    }
+
+    /// Writes `rows: [batch, seq, width]`, rounded to `dtype`, over positions
+    /// `start..start + seq` of `buffer: [batch, capacity, width]` (from [`Self::kv_buffer`]):
+    /// how the KV cache appends.
+    fn write_rows(
+        buffer: &mut Tensor<Self, 3>,
+        start: usize,
+        rows: Tensor<Self, 3>,
+        dtype: KvDtype,
+    ) {
+        let rows = reference::round(rows, dtype);
         *buffer = reference::write_rows(take(buffer), start, rows);
     }
 

@@ -6,6 +6,7 @@ use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
+use super::KvDtype;
 use crate::kernels::attention::Heads;
 use crate::rope::RopeRows;
 
@@ -57,6 +58,21 @@ pub fn write_rows<B: Backend>(
 ) -> Tensor<B, 3> {
     let [batch, seq, width] = rows.dims();
     buffer.slice_assign([0..batch, start..start + seq, 0..width], rows)
+}
+
+/// `x` with every value rounded to the nearest `dtype` stores, in f32.
+pub fn round<B: Backend>(x: Tensor<B, 3>, dtype: KvDtype) -> Tensor<B, 3> {
+    if dtype == KvDtype::F32 {
+        return x;
+    }
+    let (shape, device) = (x.dims(), x.device());
+    let values = x.into_data().convert::<f32>().into_vec::<f32>();
+    let values: Vec<f32> = values
+        .expect("f32 values after convert")
+        .into_iter()
+        .map(|x| dtype.round(x))
+        .collect();
+    Tensor::from_data(TensorData::new(values, shape), &device)
 }
 
 /// Causal attention: each group of query heads folded into the rows of its key/value head,

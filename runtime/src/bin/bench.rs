@@ -14,6 +14,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use runtime::backend::KernelBackend;
+use runtime::cache::KvDtype;
 use runtime::generate::Generator;
 use runtime::load::Weights;
 use runtime::params::params;
@@ -44,6 +45,9 @@ struct Cli {
     /// How the weight matrices are kept in memory (see `runtime --help`).
     #[arg(long, default_value = "auto")]
     weights: Weights,
+    /// What the KV cache stores keys and values as (see `runtime --help`).
+    #[arg(long, default_value = "f32")]
+    kv_cache: KvDtype,
     /// Prompt tokens in the KV cache before tg128 starts (llama-bench's `-d`).
     #[arg(long, default_value_t = 0)]
     depth: usize,
@@ -88,7 +92,9 @@ fn tokens(n: usize) -> Vec<u32> {
 }
 
 fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
-    let generator = Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
+    let mut generator =
+        Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
+    generator.kv_dtype = cli.kv_cache;
     let load_s = started.elapsed().as_secs_f64();
     // Checked before any measuring, so a depth that cannot run fails at once.
     let depth = cli.depth;
@@ -123,10 +129,11 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
         .filter(|param| param.path != "embed_tokens.weight")
         .map(|param| param.shape.iter().product::<usize>() * param.element_bytes)
         .sum();
-    // Each layer's keys and values (f32) of every position so far; on average tg128's token
-    // sees depth + 64 of them.
+    // Each layer's keys and values of every position so far; on average tg128's token sees
+    // depth + 64 of them.
     let config = &generator.config;
-    let kv_bytes_per_position = 2 * config.num_layers * config.n_kv_heads * config.head_dim * 4;
+    let kv_bytes_per_position =
+        2 * config.num_layers * config.n_kv_heads * config.head_dim * cli.kv_cache.size();
     let bytes_per_token = weight_bytes as f64 + (kv_bytes_per_position * (depth + 64)) as f64;
     Ok(Sample {
         load_s,
@@ -220,6 +227,8 @@ fn child(cli: &Cli, backend: &str, threads: usize) -> Result<Sample> {
         .arg(cli.depth.to_string())
         .arg("--weights")
         .arg(cli.weights.to_string())
+        .arg("--kv-cache")
+        .arg(cli.kv_cache.to_string())
         .output()?;
     if !out.status.success() {
         // The child's error line, without anyhow's "Error: " and any backtrace after it.

@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use runtime::backend::KernelBackend;
+use runtime::cache::KvDtype;
 use runtime::files;
 use runtime::generate::{GenerateOptions, Generation, Generator};
 use runtime::load::Weights;
@@ -55,6 +56,11 @@ struct CommonArgs {
     /// auto and f32 are the same to the bit; bf16 reads half the bytes.
     #[arg(long, default_value = "auto")]
     weights: Weights,
+    /// What the KV cache stores keys and values as: f32 (as transformers), f16 (as
+    /// llama.cpp) or bf16. f16 and bf16 halve what decoding reads at long context, and round
+    /// every key and value.
+    #[arg(long, default_value = "f32")]
+    kv_cache: KvDtype,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -163,7 +169,8 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     if common.weights == Weights::Bf16 && !B::BF16_WEIGHTS {
         bail!("--weights bf16 needs the flex backend");
     }
-    let generator = Generator::<B>::load_with(dir, &device, common.weights)?;
+    let mut generator = Generator::<B>::load_with(dir, &device, common.weights)?;
+    generator.kv_dtype = common.kv_cache;
     if generator.kept.rounded > 0 {
         eprintln!(
             "note: --weights bf16 rounded {} of the {} weight matrices, which hold values bf16 does not (results differ from --weights f32)",

@@ -13,7 +13,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::linear::product;
-use super::simd;
+use super::simd::{self, Stored};
 use super::team;
 
 /// Query rows per parallel task: the row count of gemm's f32 AVX-512 microkernel.
@@ -22,9 +22,10 @@ const BLOCK_ROWS: usize = 64;
 /// Keys per thread below which decoding a token's attention stays on one thread.
 const MIN_KEYS_PER_SPAN: usize = 16;
 
-/// Positions per tile of a decoding span: a tile's keys (every key/value head's, 96 KB
-/// for SmolLM2) stay in L2 while every query head reads them; 32 and 64 measured the same.
-const SPAN_TILE: usize = 128;
+/// Positions per tile of each of a decoding span's four streams: a tile's keys (every
+/// key/value head's, 4 x 24 KB for SmolLM2's f32 cache) stay in L2 while every query head
+/// reads them.
+const STREAM_TILE: usize = 32;
 
 /// Below this many multiply-adds a call runs on the calling thread: handing work to
 /// another thread costs more than decoding one token's attention at short context.
@@ -46,23 +47,40 @@ impl Heads {
     }
 }
 
-/// A `[batch, rows, width]` f32 matrix inside a larger buffer, rows `row_stride` apart
-/// (the KV cache's visible prefix is such a view of its buffer).
-#[derive(Clone, Copy)]
-pub struct Matrix<'a> {
-    pub data: &'a [f32],
+/// A `[batch, rows, width]` matrix inside a larger buffer, rows `row_stride` apart (the KV
+/// cache's visible prefix is such a view of its buffer), its values stored as `S`.
+pub struct Matrix<'a, S = f32> {
+    pub data: &'a [S],
     pub offset: usize,
     pub batch_stride: usize,
     pub row_stride: usize,
 }
 
-impl<'a> Matrix<'a> {
+impl<S> Clone for Matrix<'_, S> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+
+impl<S> Copy for Matrix<'_, S> {}
+
+impl<'a, S: Stored> Matrix<'a, S> {
     /// `data` as one batch entry of rows of `width`.
-    pub fn rows_of(data: &'a [f32], width: usize) -> Self {
+    pub fn rows_of(data: &'a [S], width: usize) -> Self {
         Self {
             data,
             offset: 0,
             batch_stride: data.len(),
+            row_stride: width,
+        }
+    }
+
+    /// `data` as `[batch, n_rows, width]`, packed.
+    pub fn packed(data: &'a [S], n_rows: usize, width: usize) -> Self {
+        Self {
+            data,
+            offset: 0,
+            batch_stride: n_rows * width,
             row_stride: width,
         }
     }
@@ -81,24 +99,47 @@ impl<'a> Matrix<'a> {
         column: usize,
         n_rows: usize,
         width: usize,
-    ) -> &'a [f32] {
+    ) -> &'a [S] {
         let first = self.index(batch, row, column);
         &self.data[first..first + (n_rows - 1) * self.row_stride + width]
     }
 
     /// Pointer to element `column` of row `row` of batch `batch`, checked against the buffer.
-    fn at(&self, batch: usize, row: usize, column: usize) -> *const f32 {
+    fn at(&self, batch: usize, row: usize, column: usize) -> *const S {
         self.data[self.index(batch, row, column)..].as_ptr()
+    }
+
+    /// Panics unless the last of `width` columns of row `n_rows - 1` of entry `batch - 1`
+    /// lies inside the buffer.
+    fn check_last(&self, batch: usize, n_rows: usize, width: usize) {
+        assert!(self.row_stride >= width);
+        let end =
+            self.offset + (batch - 1) * self.batch_stride + (n_rows - 1) * self.row_stride + width;
+        assert!(end <= self.data.len(), "attention input out of bounds");
+    }
+
+    /// Rows `0..n_rows` of every batch entry, `width` columns each, widened to f32 and packed
+    /// (`[batch, n_rows, width]`).
+    pub fn widened(&self, batch: usize, n_rows: usize, width: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(batch * n_rows * width);
+        for b in 0..batch {
+            for row in 0..n_rows {
+                let values = &self.data[self.index(b, row, 0)..][..width];
+                out.extend(values.iter().map(|v| v.widen()));
+            }
+        }
+        out
     }
 }
 
 /// The inputs of one call. `queries` (rotated, pre-scaled by `1/sqrt(head_dim)`) are
 /// `[batch, seq, n_heads * head_dim]`; `keys` and `values` are `[batch, start + seq,
-/// n_kv_heads * head_dim]`, the cache including this call's positions.
-pub struct CausalAttention<'a> {
+/// n_kv_heads * head_dim]`, the cache including this call's positions, stored as `S`:
+/// decoding reads any [`Stored`] type, prompts' blocks (gemm) only f32.
+pub struct CausalAttention<'a, S = f32> {
     pub queries: Matrix<'a>,
-    pub keys: Matrix<'a>,
-    pub values: Matrix<'a>,
+    pub keys: Matrix<'a, S>,
+    pub values: Matrix<'a, S>,
     pub batch: usize,
     pub seq: usize,
     /// Position of the first query: keys `0..=start + i` are visible to query `i`.
@@ -112,15 +153,16 @@ pub struct CausalAttention<'a> {
 impl CausalAttention<'_> {
     /// The output, `[batch, seq, n_heads * head_dim]`.
     pub fn run(&self) -> Vec<f32> {
+        if self.seq == 1 {
+            return self.decode();
+        }
         let width = self.heads.n_heads * self.heads.head_dim;
         let mut out = vec![0.0f32; self.batch * self.seq * width];
         self.check_bounds();
         // Work of the whole call in multiply-adds: two products over the visible keys.
         let work = self.batch * self.seq * (self.start + self.seq) * width * 2;
         let entry_len = self.seq * width;
-        if self.seq == 1 {
-            self.decode(&mut out);
-        } else if work < MIN_PARALLEL_WORK {
+        if work < MIN_PARALLEL_WORK {
             for (batch, entry) in out.chunks_mut(entry_len).enumerate() {
                 for (i, block) in entry.chunks_mut(BLOCK_ROWS * width).enumerate() {
                     self.block(batch, i * BLOCK_ROWS, block);
@@ -158,139 +200,6 @@ impl CausalAttention<'_> {
                 self.block_head(batch, first, head, keys.clone(), scores, out);
             }
         });
-    }
-
-    /// Decoding, one query row per batch entry. Here reading the cache is the work (at 4000
-    /// positions SmolLM2's cache is a third as many bytes as its weights), so the keys are
-    /// split into spans, one per thread, each span's share of every head computed apart and
-    /// merged after (as flash-decoding does), and each key/value head's rows are read once
-    /// for all the query heads that share it.
-    fn decode(&self, out: &mut [f32]) {
-        let Heads {
-            n_heads, head_dim, ..
-        } = self.heads;
-        let (first_key, end) = (self.first_key(self.start), self.start + 1);
-        let visible = end - first_key;
-        let spans = (visible / MIN_KEYS_PER_SPAN).clamp(1, rayon::current_num_threads());
-        let span_len = visible.div_ceil(spans);
-        // Per batch entry, span and head: one partial (see `span`).
-        let partial_len = self.partial_len();
-        let task_len = n_heads * partial_len;
-        let mut partials = vec![0.0f32; self.batch * spans * task_len];
-        let tasks = partials
-            .chunks_mut(task_len)
-            .enumerate()
-            .map(|(i, partials)| {
-                let first = first_key + i % spans * span_len;
-                (i / spans, first..(first + span_len).min(end), partials)
-            });
-        team::for_each_part(tasks.collect(), |(batch, keys, partials)| {
-            SCORES.with_borrow_mut(|scores| {
-                scores.resize(n_heads * keys.len(), 0.0);
-                self.span(batch, keys, scores, partials);
-            })
-        });
-        let entries = out.chunks_exact_mut(n_heads * head_dim);
-        for (out, partials) in entries.zip(partials.chunks_exact(spans * task_len)) {
-            for (head, out) in out.chunks_exact_mut(head_dim).enumerate() {
-                let spans = partials
-                    .chunks_exact(task_len)
-                    .map(|task| task[head * partial_len..][..partial_len].split_at(head_dim));
-                let max = spans
-                    .clone()
-                    .fold(f32::NEG_INFINITY, |max, (_, stats)| max.max(stats[0]));
-                out.fill(0.0);
-                let mut sum = 0.0;
-                for (numerators, stats) in spans {
-                    // Exactly 1 with a single span, which then is plain softmax.
-                    let rescale = (stats[0] - max).exp();
-                    sum += rescale * stats[1];
-                    for (o, &x) in out.iter_mut().zip(numerators) {
-                        *o += rescale * x;
-                    }
-                }
-                let inverse_sum = 1.0 / sum;
-                out.iter_mut().for_each(|x| *x *= inverse_sum);
-            }
-        }
-    }
-
-    /// Every query head of the query row of `batch` against the positions `keys`: for each
-    /// head, `partials` gets `Σ e^(s_j - max) v_j` over them, then `max` and
-    /// `Σ e^(s_j - max)`, where `s_j` is the head's score of key `j`
-    /// ([`Self::partial_len`] values per head). `scores` holds `keys.len()` per head.
-    ///
-    /// The keys and values are read a tile of positions at a time, every head using a tile
-    /// before the next is read, so each is read once from memory, not once per head, and in
-    /// order: a tile's rows hold every key/value head side by side, and going through one
-    /// head's columns of the whole span, then the next head's, read the cache three times
-    /// over at a stride the prefetchers follow poorly.
-    fn span(
-        &self,
-        batch: usize,
-        keys: std::ops::Range<usize>,
-        scores: &mut [f32],
-        partials: &mut [f32],
-    ) {
-        let Heads {
-            n_heads,
-            n_kv_heads,
-            head_dim,
-        } = self.heads;
-        let group = n_heads / n_kv_heads;
-        let (first, n) = (keys.start, keys.len());
-        let (key_stride, value_stride) = (self.keys.row_stride, self.values.row_stride);
-        let partial_len = self.partial_len();
-        for at in (0..n).step_by(SPAN_TILE) {
-            let rows = SPAN_TILE.min(n - at);
-            for kv_head in 0..n_kv_heads {
-                let column = kv_head * head_dim;
-                let tile_keys = self.keys.slice(batch, first + at, column, rows, head_dim);
-                // The group's query heads are side by side.
-                let queries =
-                    (self.queries).slice(batch, 0, kv_head * group * head_dim, 1, group * head_dim);
-                let heads = queries.chunks_exact(head_dim).enumerate();
-                for (h, query) in heads {
-                    let scores = &mut scores[(kv_head * group + h) * n + at..][..rows];
-                    simd::dot_rows(query, tile_keys, key_stride, scores);
-                }
-            }
-        }
-        let heads = scores
-            .chunks_exact_mut(n)
-            .zip(partials.chunks_exact_mut(partial_len));
-        for (scores, partial) in heads {
-            simd::softmax_numerators(scores, &mut partial[head_dim..]);
-        }
-        for at in (0..n).step_by(SPAN_TILE) {
-            let rows = SPAN_TILE.min(n - at);
-            for kv_head in 0..n_kv_heads {
-                let column = kv_head * head_dim;
-                let tile_values = self.values.slice(batch, first + at, column, rows, head_dim);
-                for h in 0..group {
-                    let head = kv_head * group + h;
-                    simd::weighted_row_sum(
-                        &scores[head * n + at..][..rows],
-                        tile_values,
-                        value_stride,
-                        &mut partials[head * partial_len..][..head_dim],
-                    );
-                }
-            }
-        }
-    }
-
-    /// The earliest key the query at `position` sees.
-    fn first_key(&self, position: usize) -> usize {
-        self.window
-            .map_or(0, |window| (position + 1).saturating_sub(window))
-    }
-
-    /// Values per head in a decoding span's partial result: the span's share of the head's
-    /// output, unnormalised (`head_dim`), then its largest score and its sum of
-    /// e^(score - largest).
-    fn partial_len(&self) -> usize {
-        self.heads.head_dim + 2
     }
 
     /// First column of the key/value head that query head `head` reads.
@@ -361,6 +270,188 @@ impl CausalAttention<'_> {
             }
         }
     }
+}
+
+impl<S: Stored> CausalAttention<'_, S> {
+    /// Decoding, one query row per batch entry. Here reading the cache is the work (at 4000
+    /// positions SmolLM2's cache is a third as many bytes as its weights), so the keys are
+    /// split into spans, one per thread, each span's share of every head computed apart and
+    /// merged after (as flash-decoding does), and each key/value head's rows are read once
+    /// for all the query heads that share it.
+    ///
+    /// Panics unless `seq` is 1.
+    pub fn decode(&self) -> Vec<f32> {
+        assert_eq!(self.seq, 1, "decoding takes one query row per batch entry");
+        self.check_bounds();
+        let Heads {
+            n_heads, head_dim, ..
+        } = self.heads;
+        let mut out = vec![0.0f32; self.batch * n_heads * head_dim];
+        let (first_key, end) = (self.first_key(self.start), self.start + 1);
+        let visible = end - first_key;
+        let spans = (visible / MIN_KEYS_PER_SPAN).clamp(1, rayon::current_num_threads());
+        let span_len = visible.div_ceil(spans);
+        // Per batch entry, span and head: one partial (see `span`).
+        let partial_len = self.partial_len();
+        let task_len = n_heads * partial_len;
+        let mut partials = vec![0.0f32; self.batch * spans * task_len];
+        let tasks = partials
+            .chunks_mut(task_len)
+            .enumerate()
+            .map(|(i, partials)| {
+                let first = first_key + i % spans * span_len;
+                (i / spans, first..(first + span_len).min(end), partials)
+            });
+        team::for_each_part(tasks.collect(), |(batch, keys, partials)| {
+            SCORES.with_borrow_mut(|scores| {
+                scores.resize(n_heads * keys.len(), 0.0);
+                self.span(batch, keys, scores, partials);
+            })
+        });
+        let entries = out.chunks_exact_mut(n_heads * head_dim);
+        for (out, partials) in entries.zip(partials.chunks_exact(spans * task_len)) {
+            for (head, out) in out.chunks_exact_mut(head_dim).enumerate() {
+                let spans = partials
+                    .chunks_exact(task_len)
+                    .map(|task| task[head * partial_len..][..partial_len].split_at(head_dim));
+                let max = spans
+                    .clone()
+                    .fold(f32::NEG_INFINITY, |max, (_, stats)| max.max(stats[0]));
+                out.fill(0.0);
+                let mut sum = 0.0;
+                for (numerators, stats) in spans {
+                    // Exactly 1 with a single span, which then is plain softmax.
+                    let rescale = (stats[0] - max).exp();
+                    sum += rescale * stats[1];
+                    for (o, &x) in out.iter_mut().zip(numerators) {
+                        *o += rescale * x;
+                    }
+                }
+                let inverse_sum = 1.0 / sum;
+                out.iter_mut().for_each(|x| *x *= inverse_sum);
+            }
+        }
+        out
+    }
+
+    /// Every query head of the query row of `batch` against the positions `keys`: for each
+    /// head, `partials` gets `Σ e^(s_j - max) v_j` over them, then `max` and
+    /// `Σ e^(s_j - max)`, where `s_j` is the head's score of key `j`
+    /// ([`Self::partial_len`] values per head). `scores` holds `keys.len()` per head.
+    ///
+    /// The keys and values are read a tile of positions at a time, every head using a tile
+    /// before the next is read, so each is read once from memory, not once per head, and in
+    /// order: a tile's rows hold every key/value head side by side, and going through one
+    /// head's columns of the whole span, then the next head's, read the cache three times
+    /// over at a stride the prefetchers follow poorly.
+    fn span(
+        &self,
+        batch: usize,
+        keys: std::ops::Range<usize>,
+        scores: &mut [f32],
+        partials: &mut [f32],
+    ) {
+        let Heads {
+            n_heads,
+            n_kv_heads,
+            head_dim,
+        } = self.heads;
+        let group = n_heads / n_kv_heads;
+        let (first, n) = (keys.start, keys.len());
+        let (key_stride, value_stride) = (self.keys.row_stride, self.values.row_stride);
+        let partial_len = self.partial_len();
+        // Positions `at`, `quarter + at`, `2 quarter + at`, `3 quarter + at` are read
+        // together (four streams); the `n % 4` after the last quarter alone.
+        let quarter = n / 4;
+        let tiles = (0..quarter).step_by(STREAM_TILE);
+        let starts = |at: usize| [0, 1, 2, 3].map(|k| k * quarter + at);
+        for at in tiles.clone() {
+            let rows = STREAM_TILE.min(quarter - at);
+            for kv_head in 0..n_kv_heads {
+                let column = kv_head * head_dim;
+                let tile_keys =
+                    starts(at).map(|p| self.keys.slice(batch, first + p, column, rows, head_dim));
+                let queries =
+                    (self.queries).slice(batch, 0, kv_head * group * head_dim, 1, group * head_dim);
+                for (h, query) in queries.chunks_exact(head_dim).enumerate() {
+                    let scores = &mut scores[(kv_head * group + h) * n..][..n];
+                    let scores = quarters_mut(scores, quarter, at, rows);
+                    simd::dot_rows4(query, tile_keys, key_stride, scores);
+                }
+            }
+        }
+        for kv_head in 0..n_kv_heads {
+            let column = kv_head * head_dim;
+            let rest = n - 4 * quarter;
+            if rest == 0 {
+                break;
+            }
+            let tile_keys = self
+                .keys
+                .slice(batch, first + 4 * quarter, column, rest, head_dim);
+            let queries =
+                (self.queries).slice(batch, 0, kv_head * group * head_dim, 1, group * head_dim);
+            for (h, query) in queries.chunks_exact(head_dim).enumerate() {
+                let scores = &mut scores[(kv_head * group + h) * n + 4 * quarter..][..rest];
+                simd::dot_rows(query, tile_keys, key_stride, scores);
+            }
+        }
+        let heads = scores
+            .chunks_exact_mut(n)
+            .zip(partials.chunks_exact_mut(partial_len));
+        for (scores, partial) in heads {
+            simd::softmax_numerators(scores, &mut partial[head_dim..]);
+        }
+        for at in tiles {
+            let rows = STREAM_TILE.min(quarter - at);
+            for kv_head in 0..n_kv_heads {
+                let column = kv_head * head_dim;
+                let tile_values =
+                    starts(at).map(|p| self.values.slice(batch, first + p, column, rows, head_dim));
+                for h in 0..group {
+                    let head = kv_head * group + h;
+                    let weights = starts(at).map(|p| &scores[head * n + p..][..rows]);
+                    simd::weighted_row_sum4(
+                        weights,
+                        tile_values,
+                        value_stride,
+                        &mut partials[head * partial_len..][..head_dim],
+                    );
+                }
+            }
+        }
+        let rest = n - 4 * quarter;
+        if rest > 0 {
+            for kv_head in 0..n_kv_heads {
+                let column = kv_head * head_dim;
+                let tile_values =
+                    self.values
+                        .slice(batch, first + 4 * quarter, column, rest, head_dim);
+                for h in 0..group {
+                    let head = kv_head * group + h;
+                    simd::weighted_row_sum(
+                        &scores[head * n + 4 * quarter..][..rest],
+                        tile_values,
+                        value_stride,
+                        &mut partials[head * partial_len..][..head_dim],
+                    );
+                }
+            }
+        }
+    }
+
+    /// The earliest key the query at `position` sees.
+    fn first_key(&self, position: usize) -> usize {
+        self.window
+            .map_or(0, |window| (position + 1).saturating_sub(window))
+    }
+
+    /// Values per head in a decoding span's partial result: the span's share of the head's
+    /// output, unnormalised (`head_dim`), then its largest score and its sum of
+    /// e^(score - largest).
+    fn partial_len(&self) -> usize {
+        self.heads.head_dim + 2
+    }
 
     /// Panics unless the last element every gemm reads lies inside its buffer (the first
     /// is checked by [`Matrix::at`]), so the unchecked reads above stay in bounds.
@@ -374,18 +465,19 @@ impl CausalAttention<'_> {
         if self.batch == 0 || self.seq == 0 {
             return;
         }
-        let last = |rows: &Matrix, n_rows: usize, width: usize| {
-            assert!(rows.row_stride >= width);
-            let end = rows.offset
-                + (self.batch - 1) * rows.batch_stride
-                + (n_rows - 1) * rows.row_stride
-                + width;
-            assert!(end <= rows.data.len(), "attention input out of bounds");
-        };
-        last(&self.queries, self.seq, n_heads * head_dim);
-        last(&self.keys, self.start + self.seq, n_kv_heads * head_dim);
-        last(&self.values, self.start + self.seq, n_kv_heads * head_dim);
+        let batch = self.batch;
+        self.queries.check_last(batch, self.seq, n_heads * head_dim);
+        (self.keys).check_last(batch, self.start + self.seq, n_kv_heads * head_dim);
+        (self.values).check_last(batch, self.start + self.seq, n_kv_heads * head_dim);
     }
+}
+
+/// `rows` entries from `at` of each of the four quarters of `scores` (`quarter` long each).
+fn quarters_mut(scores: &mut [f32], quarter: usize, at: usize, rows: usize) -> [&mut [f32]; 4] {
+    let (q0, rest) = scores.split_at_mut(quarter);
+    let (q1, rest) = rest.split_at_mut(quarter);
+    let (q2, q3) = rest.split_at_mut(quarter);
+    [q0, q1, q2, q3].map(|q| &mut q[at..at + rows])
 }
 
 thread_local! {

@@ -10,7 +10,7 @@
 
 use super::attention::{CausalAttention, Heads, Matrix};
 use super::matvec::{Rows, matvecs};
-use super::simd;
+use super::simd::{self, Stored};
 
 /// A linear layer's tensors: `M` its weight, `V` its bias, if it has one.
 #[derive(Debug, Clone)]
@@ -76,10 +76,10 @@ pub struct LayerShape {
 }
 
 /// One layer's KV cache for one sequence: `keys` and `values` hold `capacity` positions of
-/// `n_kv_heads * head_dim` each; the token is written at `position`.
-pub struct KvSlot<'a> {
-    pub keys: &'a mut [f32],
-    pub values: &'a mut [f32],
+/// `n_kv_heads * head_dim` each, stored as `S`; the token is written at `position`.
+pub struct KvSlot<'a, S> {
+    pub keys: &'a mut [S],
+    pub values: &'a mut [S],
     pub position: usize,
 }
 
@@ -88,11 +88,11 @@ pub struct KvSlot<'a> {
 ///
 /// Projections are `d_out` contiguous rows of `d_in` (a `[d_in, d_out]` weight stored
 /// column-major), f32 or bf16; `cos` and `sin` are the rotary tables' rows for the position, `[head_dim]`.
-pub fn decode_layer(
+pub fn decode_layer<S: Stored>(
     x: &mut [f32],
     weights: &LayerWeights<&[f32], Rows<'_>>,
     shape: LayerShape,
-    cache: KvSlot<'_>,
+    cache: KvSlot<'_, S>,
     cos: &[f32],
     sin: &[f32],
 ) {
@@ -116,8 +116,13 @@ pub fn decode_layer(
         position,
     } = cache;
     let width = k.len();
-    keys[position * width..][..width].copy_from_slice(&k);
-    values[position * width..][..width].copy_from_slice(&v);
+    let store = |to: &mut [S], from: &[f32]| {
+        for (to, &x) in to[position * width..][..width].iter_mut().zip(from) {
+            *to = S::narrow(x);
+        }
+    };
+    store(keys, &k);
+    store(values, &v);
     let attended = CausalAttention {
         queries: Matrix::rows_of(&q, q.len()),
         keys: Matrix::rows_of(keys, width),
@@ -128,7 +133,7 @@ pub fn decode_layer(
         heads,
         window,
     }
-    .run();
+    .decode();
     // Output projection, back into the residual stream.
     let [o] = project([&w.o_proj], &attended);
     add(x, &o);

@@ -12,7 +12,7 @@ use std::cell::RefCell;
 use rayon::prelude::*;
 
 use super::matvec::Rows;
-use super::simd::Weight;
+use super::simd::Stored;
 
 /// Most weight values widened at once: 32 MB of f32, whatever the model's size.
 const BLOCK_VALUES: usize = 8 << 20;

@@ -31,7 +31,7 @@ const OWNER_BUNDLES: usize = 16;
 const HELPER_BUNDLES: usize = 4;
 
 /// A weight's rows, contiguous (a `[d_in, d_out]` weight stored column-major), in f32 or in
-/// bf16 (see [`simd::Weight`]: the products are the same to the bit).
+/// bf16 (see [`simd::Stored`]: the products are the same to the bit).
 #[derive(Debug, Clone, Copy)]
 pub enum Rows<'a> {
     F32(&'a [f32]),

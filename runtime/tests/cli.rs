@@ -239,3 +239,32 @@ fn weights_options_give_the_same_text() {
     assert_eq!(auto, ids("f32"));
     assert_eq!(auto, ids("bf16"));
 }
+
+/// Every KV cache type generates (the same greedy text here, where no step is close), and
+/// an unknown one is one error line naming the choices.
+#[test]
+fn kv_cache_option() {
+    let Some(dir) = artifact_dir() else { return };
+    let run = |kv: &str| {
+        greedy(
+            &dir,
+            "Once upon a time",
+            "24",
+            &["--json", "--kv-cache", kv],
+        )
+    };
+    let tokens = |kv: &str| {
+        let out = run(kv);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["tokens"].clone()
+    };
+    let f32 = tokens("f32");
+    assert_eq!(f32, tokens("f16"));
+    assert_eq!(f32, tokens("bf16"));
+    assert_one_line_error(&run("f8"), "\"f8\" is not one of f32, f16, bf16");
+}

@@ -5,7 +5,9 @@
 //! decode at a long context, where reading the KV cache adds to reading the weights.
 //!
 //! Each run is a fresh child process (this binary with `--child`), so load time and peak
-//! RSS are those of a real process from start to model ready.
+//! RSS are those of a real process from start to model ready. `--gguf` adds llama.cpp on
+//! those files (scripts/llamacpp_bench.py, the same figures taken the same way), run by run
+//! in turn with ours: `just bench-llamacpp`.
 
 use std::path::PathBuf;
 use std::process::Command;
@@ -51,6 +53,13 @@ struct Cli {
     /// Prompt tokens in the KV cache before tg128 starts (llama-bench's `-d`).
     #[arg(long, default_value_t = 0)]
     depth: usize,
+    /// GGUF files to run llama.cpp on, alternating with ours (comma-separated; needs
+    /// llama-cpp-python: see `just bench-llamacpp`).
+    #[arg(long, value_delimiter = ',')]
+    gguf: Vec<PathBuf>,
+    /// The Python that has llama-cpp-python, for --gguf.
+    #[arg(long, default_value = "python3")]
+    python: PathBuf,
     /// Internal: run one measurement in this process and print it as JSON.
     #[arg(long, hide = true)]
     child: bool,
@@ -65,8 +74,8 @@ struct Sample {
     tg128: f64,
     peak_rss_mb: f64,
     /// What one tg128 token reads on average: every weight but the embedding, and the KV
-    /// cache up to its position.
-    bytes_per_token: f64,
+    /// cache up to its position (not known for llama.cpp's runs).
+    bytes_per_token: Option<f64>,
 }
 
 fn main() -> Result<()> {
@@ -141,7 +150,7 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
         pp512,
         tg128,
         peak_rss_mb: peak_rss_mb()?,
-        bytes_per_token,
+        bytes_per_token: Some(bytes_per_token),
     })
 }
 
@@ -161,6 +170,32 @@ fn median(mut values: Vec<f64>) -> f64 {
     values[values.len() / 2]
 }
 
+/// What one row of the table measures: a backend of ours, or llama.cpp on a GGUF.
+#[derive(Clone)]
+enum Engine<'a> {
+    Ours(String),
+    LlamaCpp(&'a PathBuf),
+}
+
+impl Engine<'_> {
+    fn name(&self) -> String {
+        match self {
+            Engine::Ours(backend) => backend.clone(),
+            Engine::LlamaCpp(gguf) => {
+                let stem = gguf.file_stem().unwrap_or_default().to_string_lossy();
+                format!("llama.cpp {stem}")
+            }
+        }
+    }
+
+    fn sample(&self, cli: &Cli, threads: usize) -> Result<Sample> {
+        match self {
+            Engine::Ours(backend) => child(cli, backend, threads),
+            Engine::LlamaCpp(gguf) => llama_cpp(cli, gguf, threads),
+        }
+    }
+}
+
 fn parent(cli: &Cli) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let thread_counts = if cli.threads.is_empty() {
@@ -174,44 +209,91 @@ fn parent(cli: &Cli) -> Result<()> {
         0 => "tg128".to_string(),
         depth => format!("tg128 @ d{depth}"),
     };
-    let mut json_lines = Vec::new();
-    for backend in cli.backends.iter().map(|b| b.name()) {
-        for &threads in &thread_counts {
-            let samples = (0..cli.runs)
-                .map(|_| child(cli, &backend, threads))
-                .collect::<Result<Vec<_>>>()?;
-            let med = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
-            let bound = bandwidth * 1e9 / samples[0].bytes_per_token;
-            let (load, pp128, pp512, tg128, rss) = (
-                med(|s| s.load_s),
-                med(|s| s.pp128),
-                med(|s| s.pp512),
-                med(|s| s.tg128),
-                med(|s| s.peak_rss_mb),
-            );
-            // The header once a row is ready, so a run that fails prints only its error.
-            if json_lines.is_empty() {
-                println!(
-                    "| backend | threads | load s | pp128 tok/s | pp512 tok/s | {tg} tok/s | tg % of bound | peak RSS MB |"
-                );
-                println!("|---|---|---|---|---|---|---|---|");
+    let engines = (cli.backends.iter().map(|b| Engine::Ours(b.name())))
+        .chain(cli.gguf.iter().map(Engine::LlamaCpp));
+    let configs: Vec<(Engine, usize)> = engines
+        .flat_map(|engine| thread_counts.iter().map(move |&t| (engine.clone(), t)))
+        .collect();
+    // Run by run, every configuration in turn: on a shared machine the load drifts over
+    // minutes, and alternating spreads the drift over all of them alike.
+    // A llama.cpp run that fails (its build may not take a GGUF) leaves its row empty, with
+    // the reason, and the others go on; a run of ours that fails ends the bench.
+    let mut samples: Vec<Result<Vec<Sample>, String>> =
+        configs.iter().map(|_| Ok(vec![])).collect();
+    for _ in 0..cli.runs {
+        for ((engine, threads), samples) in configs.iter().zip(&mut samples) {
+            let Ok(done) = samples else { continue };
+            match engine.sample(cli, *threads) {
+                Ok(sample) => done.push(sample),
+                Err(e) if matches!(engine, Engine::LlamaCpp(_)) => *samples = Err(e.to_string()),
+                Err(e) => return Err(e),
             }
-            println!(
-                "| {backend} | {threads} | {load:.2} | {pp128:.1} | {pp512:.1} | {tg128:.1} | {:.0}% | {rss:.0} |",
-                100.0 * tg128 / bound
-            );
-            json_lines.push(serde_json::json!({
-                "backend": backend, "threads": threads, "runs": cli.runs, "load_s": load,
-                "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128, "depth": cli.depth,
-                "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth,
-                "tg_bound_tok_s": bound, "tg_percent_of_bound": 100.0 * tg128 / bound,
-            }));
         }
+    }
+    println!(
+        "| engine | threads | load s | pp128 tok/s | pp512 tok/s | {tg} tok/s | tg % of bound | peak RSS MB |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    let mut json_lines = Vec::new();
+    for ((engine, threads), samples) in configs.iter().zip(&samples) {
+        let name = engine.name();
+        let samples = match samples {
+            Ok(samples) => samples,
+            Err(e) => {
+                println!("| {name} | {threads} | {e} | | | | | |");
+                continue;
+            }
+        };
+        let med = |f: fn(&Sample) -> f64| median(samples.iter().map(f).collect());
+        let (load, pp128, pp512, tg128, rss) = (
+            med(|s| s.load_s),
+            med(|s| s.pp128),
+            med(|s| s.pp512),
+            med(|s| s.tg128),
+            med(|s| s.peak_rss_mb),
+        );
+        let bound = (samples[0].bytes_per_token).map(|bytes| bandwidth * 1e9 / bytes);
+        let percent = bound.map(|bound| 100.0 * tg128 / bound);
+        let shown = percent.map_or("-".to_string(), |p| format!("{p:.0}%"));
+        // How our runs kept weights and cache; llama.cpp's are the GGUF's and its own.
+        let ours = matches!(engine, Engine::Ours(_));
+        let (weights, kv_cache) = (
+            ours.then(|| cli.weights.to_string()),
+            ours.then(|| cli.kv_cache.to_string()),
+        );
+        println!(
+            "| {name} | {threads} | {load:.2} | {pp128:.1} | {pp512:.1} | {tg128:.1} | {shown} | {rss:.0} |",
+        );
+        json_lines.push(serde_json::json!({
+            "engine": name, "threads": threads, "runs": cli.runs, "load_s": load,
+            "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128, "depth": cli.depth,
+            "weights": weights, "kv_cache": kv_cache,
+            "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth,
+            "tg_bound_tok_s": bound, "tg_percent_of_bound": percent,
+        }));
     }
     for line in json_lines {
         println!("{line}");
     }
     Ok(())
+}
+
+/// One llama.cpp run on `gguf` through scripts/llamacpp_bench.py (llama-cpp-python).
+fn llama_cpp(cli: &Cli, gguf: &PathBuf, threads: usize) -> Result<Sample> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/llamacpp_bench.py");
+    let out = Command::new(&cli.python)
+        .arg(script)
+        .arg(gguf)
+        .arg(threads.to_string())
+        .arg(cli.depth.to_string())
+        .output()
+        .with_context(|| format!("cannot run {}", cli.python.display()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let message = stderr.lines().last().unwrap_or("no message");
+        bail!("failed ({}): {message}", out.status);
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 fn child(cli: &Cli, backend: &str, threads: usize) -> Result<Sample> {

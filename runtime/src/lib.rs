@@ -58,24 +58,6 @@ pub type FlexBackend = burn_flex::Flex<f32>;
 /// The legacy CPU backend, kept selectable for comparison.
 pub type NdArrayBackend = burn_ndarray::NdArray<f32>;
 
-/// The CPU backends a command line can choose from.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum BackendKind {
-    /// burn-flex: gemm-based, the fast one.
-    Flex,
-    /// burn-ndarray: the legacy backend.
-    Ndarray,
-}
-
-impl BackendKind {
-    /// The name the command line uses (`flex`, `ndarray`).
-    pub fn name(self) -> String {
-        use clap::ValueEnum;
-        let value = self.to_possible_value().expect("no variant is skipped");
-        value.get_name().to_string()
-    }
-}
-
 /// Runs `work` on a worker of a pool of `threads` threads (default: one per core), the
 /// pool that both backends' parallel kernels and the model's split projections then use.
 ///

@@ -15,13 +15,14 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
+use cli::BackendKind;
 use runtime::backend::KernelBackend;
 use runtime::cache::KvDtype;
 use runtime::generate::Generator;
 use runtime::load::Weights;
 use runtime::params::params;
 use runtime::sampling::argmax;
-use runtime::{BackendKind, FlexBackend, NdArrayBackend};
+use runtime::{FlexBackend, NdArrayBackend};
 use serde::{Deserialize, Serialize};
 
 #[derive(Parser)]

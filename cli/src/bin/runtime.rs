@@ -8,6 +8,7 @@ use std::time::Instant;
 
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
+use cli::BackendKind;
 use runtime::backend::KernelBackend;
 use runtime::cache::KvDtype;
 use runtime::files;
@@ -15,7 +16,7 @@ use runtime::generate::{GenerateOptions, Generation, Generator};
 use runtime::load::Weights;
 use runtime::sampling::{SamplingParams, defaults};
 use runtime::tokenizer::Tokenizer;
-use runtime::{BackendKind, FlexBackend, NdArrayBackend};
+use runtime::{FlexBackend, NdArrayBackend};
 use serde_json::json;
 
 #[derive(Parser)]

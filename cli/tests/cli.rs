@@ -185,7 +185,10 @@ fn default_sampling_is_reproducible_by_seed() {
 #[test]
 fn perplexity_command_matches_transformers() {
     let Some(dir) = artifact_dir() else { return };
-    let file = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/ppl_text.txt");
+    let file = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../runtime/tests/data/ppl_text.txt"
+    );
     let out = runtime(&[
         "perplexity",
         "--artifacts",
@@ -202,7 +205,8 @@ fn perplexity_command_matches_transformers() {
         String::from_utf8_lossy(&out.stderr)
     );
     let ours: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let golden: serde_json::Value = serde_json::from_str(include_str!("data/golden.json")).unwrap();
+    let golden: serde_json::Value =
+        serde_json::from_str(include_str!("../../runtime/tests/data/golden.json")).unwrap();
     let golden = &golden["perplexity_tokenizers"];
     assert_eq!(ours["tokens"], golden["tokens"]);
     let (ours, golden) = (

@@ -14,7 +14,7 @@ use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::load::{Kept, Weights};
 use crate::model::Llama;
 use crate::sampling::{Sampler, SamplingParams};
-use crate::tokenizer::{Tokenizer, TokenizerError};
+use crate::tokenizer::{TextStream, Tokenizer, TokenizerError};
 
 /// Prompts and perplexity texts run through the model this many tokens at a time, which
 /// bounds the attention scores' memory (`heads × chunk × context` floats) for long inputs.
@@ -216,6 +216,20 @@ impl<B: KernelBackend> Generator<B> {
         options: &GenerateOptions,
         mut on_text: impl FnMut(&str),
     ) -> Result<Generation, GenerateError> {
+        let mut sequence = self.start(tokenizer, prompt, options.clone())?;
+        while self.step(&mut sequence, &mut on_text)?.is_none() {}
+        Ok(sequence.finish(&mut on_text))
+    }
+
+    /// A generation begun: the prompt checked and prefilled, the first token's logits ready.
+    /// [`Self::step`] then produces one token at a time, so a caller can interleave
+    /// sequences or stop one.
+    pub fn start<'t>(
+        &self,
+        tokenizer: &'t Tokenizer,
+        prompt: &[u32],
+        options: GenerateOptions,
+    ) -> Result<Sequence<'t, B>, GenerateError> {
         let context = self.config.max_position_embeddings;
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
@@ -228,62 +242,70 @@ impl<B: KernelBackend> Generator<B> {
         }
         let capacity = context.min(prompt.len() + options.max_new_tokens);
         let mut cache = self.new_cache(capacity)?;
-        let mut sampler = Sampler::new(options.sampling.clone());
-        let mut history = prompt.to_vec();
-        let mut tokens = Vec::new();
-        let mut stream = tokenizer.decode_stream();
-        let mut text = StopText::new(&options.stop);
-
         let started = Instant::now();
-        let mut logits = self.forward_logits(prompt, &mut cache, false)?;
-        let mut prefill = Duration::ZERO;
-        let mut decode_started = started;
-        let stop_reason = loop {
-            if tokens.len() == options.max_new_tokens {
-                break StopReason::Length;
+        let logits = self.forward_logits(prompt, &mut cache, false)?;
+        Ok(Sequence {
+            cache,
+            capacity,
+            sampler: Sampler::new(options.sampling.clone()),
+            history: prompt.to_vec(),
+            prompt_tokens: prompt.len(),
+            tokens: Vec::new(),
+            stream: tokenizer.decode_stream(),
+            text: StopText::new(options.stop.clone()),
+            max_new_tokens: options.max_new_tokens,
+            logits,
+            stop_reason: None,
+            started,
+            prefill: Duration::ZERO,
+            decode_started: started,
+            decode: Duration::ZERO,
+        })
+    }
+
+    /// Samples the sequence's next token, passes its text (what is complete) to `on_text`,
+    /// and runs it through the model unless the sequence ends with it: `Some` reason when it
+    /// has ended (then and on every later call).
+    pub fn step(
+        &self,
+        sequence: &mut Sequence<'_, B>,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<Option<StopReason>, GenerateError> {
+        if sequence.stop_reason.is_some() {
+            return Ok(sequence.stop_reason);
+        }
+        let s = sequence;
+        let reason = 'step: {
+            if s.tokens.len() == s.max_new_tokens {
+                break 'step Some(StopReason::Length);
             }
-            let next = sampler.sample(&mut logits, &history);
-            if tokens.is_empty() {
+            let next = s.sampler.sample(&mut s.logits, &s.history);
+            if s.tokens.is_empty() {
                 // The first token's time belongs to the prompt: it waits on the prefill.
-                prefill = started.elapsed();
-                decode_started = Instant::now();
+                s.prefill = s.started.elapsed();
+                s.decode_started = Instant::now();
             }
             if self.eos_ids.contains(&next) {
-                break StopReason::Eos;
+                break 'step Some(StopReason::Eos);
             }
-            tokens.push(next);
-            history.push(next);
-            if let Some(piece) = stream.push(next)?
-                && text.push(&piece, &mut on_text)
+            s.tokens.push(next);
+            s.history.push(next);
+            if let Some(piece) = s.stream.push(next)?
+                && s.text.push(&piece, on_text)
             {
-                break StopReason::Stop;
+                break 'step Some(StopReason::Stop);
             }
-            if tokens.len() == options.max_new_tokens || cache.len() == capacity {
-                break StopReason::Length;
+            if s.tokens.len() == s.max_new_tokens || s.cache.len() == s.capacity {
+                break 'step Some(StopReason::Length);
             }
-            logits = self.forward_logits(&[next], &mut cache, false)?;
+            s.logits = self.forward_logits(&[next], &mut s.cache, false)?;
+            None
         };
-        let decode = decode_started.elapsed();
-        text.finish(&mut on_text);
-        let per_s = |n: usize, t: Duration| {
-            if t.is_zero() {
-                0.0
-            } else {
-                n as f64 / t.as_secs_f64()
-            }
-        };
-        Ok(Generation {
-            text: text.into_text(),
-            prompt_tokens: prompt.len(),
-            stop_reason,
-            timings: Timings {
-                prefill_s: prefill.as_secs_f64(),
-                decode_s: decode.as_secs_f64(),
-                prefill_tokens_per_s: per_s(prompt.len(), prefill),
-                decode_tokens_per_s: per_s(tokens.len().saturating_sub(1), decode),
-            },
-            tokens,
-        })
+        if reason.is_some() {
+            s.decode = s.decode_started.elapsed();
+            s.stop_reason = reason;
+        }
+        Ok(reason)
     }
 
     /// Perplexity of `ids` (no BOS added): exp of the mean negative log-likelihood of each
@@ -338,16 +360,76 @@ fn negative_log_likelihood(row: &[f32], target: usize) -> f64 {
     max + sum.ln() - row[target] as f64
 }
 
+/// A generation under way ([`Generator::start`]): its KV cache, sampler and text so far.
+pub struct Sequence<'t, B: KernelBackend> {
+    cache: KvCache<B>,
+    capacity: usize,
+    sampler: Sampler,
+    /// Prompt and generated ids (the repeat penalty's window).
+    history: Vec<u32>,
+    prompt_tokens: usize,
+    tokens: Vec<u32>,
+    stream: TextStream<'t>,
+    text: StopText,
+    max_new_tokens: usize,
+    /// The next token's logits.
+    logits: Vec<f32>,
+    stop_reason: Option<StopReason>,
+    started: Instant,
+    prefill: Duration,
+    decode_started: Instant,
+    decode: Duration,
+}
+
+impl<B: KernelBackend> Sequence<'_, B> {
+    /// Generated token ids so far (an ending EOS is not included).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// The result, passing whatever text was still held back (a possible start of a stop
+    /// string, at the end) to `on_text`. A sequence not ended yet ends here, as at length.
+    pub fn finish(mut self, on_text: &mut impl FnMut(&str)) -> Generation {
+        if self.stop_reason.is_none() {
+            self.decode = self.decode_started.elapsed();
+        }
+        self.text.finish(on_text);
+        let per_s = |n: usize, t: Duration| {
+            if t.is_zero() {
+                0.0
+            } else {
+                n as f64 / t.as_secs_f64()
+            }
+        };
+        Generation {
+            text: self.text.into_text(),
+            prompt_tokens: self.prompt_tokens,
+            stop_reason: self.stop_reason.unwrap_or(StopReason::Length),
+            timings: Timings {
+                prefill_s: self.prefill.as_secs_f64(),
+                decode_s: self.decode.as_secs_f64(),
+                prefill_tokens_per_s: per_s(self.prompt_tokens, self.prefill),
+                decode_tokens_per_s: per_s(self.tokens.len().saturating_sub(1), self.decode),
+            },
+            tokens: self.tokens,
+        }
+    }
+}
+
 /// Generated text that is released to the caller only once no stop string can still start
 /// in it.
-struct StopText<'a> {
-    stops: &'a [String],
+struct StopText {
+    stops: Vec<String>,
     text: String,
     emitted: usize,
 }
 
-impl<'a> StopText<'a> {
-    fn new(stops: &'a [String]) -> Self {
+impl StopText {
+    fn new(stops: Vec<String>) -> Self {
         Self {
             stops,
             text: String::new(),
@@ -412,7 +494,7 @@ mod tests {
 
     fn run(stops: &[&str], pieces: &[&str]) -> (String, Vec<String>, bool) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
-        let mut text = StopText::new(&stops);
+        let mut text = StopText::new(stops);
         let mut emitted = Vec::new();
         let mut stopped = false;
         for piece in pieces {

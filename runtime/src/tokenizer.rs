@@ -185,10 +185,6 @@ impl Tokenizer {
         system: Option<&str>,
         user: &str,
     ) -> Result<ChatRequest, TokenizerError> {
-        let template = self
-            .chat_template
-            .clone()
-            .ok_or(TokenizerError::NoChatTemplate)?;
         let message = |role: &str, content: &str| Message {
             role: role.into(),
             content: content.into(),
@@ -196,6 +192,16 @@ impl Tokenizer {
         let mut messages = Vec::new();
         messages.extend(system.map(|system| message("system", system)));
         messages.push(message("user", user));
+        self.chat_messages(messages)
+    }
+
+    /// A conversation (system, user and assistant messages, in order) for the model's chat
+    /// template.
+    pub fn chat_messages(&self, messages: Vec<Message>) -> Result<ChatRequest, TokenizerError> {
+        let template = self
+            .chat_template
+            .clone()
+            .ok_or(TokenizerError::NoChatTemplate)?;
         Ok(ChatRequest {
             template,
             bos_token: self.bos_token.clone(),

@@ -36,12 +36,15 @@ struct Cli {
 enum Command {
     /// Perplexity of a text file: mean next-token negative log-likelihood (no BOS added).
     Perplexity(PerplexityArgs),
+    /// Serve OpenAI's API over HTTP: /v1/chat/completions, /v1/completions, /v1/models,
+    /// /health, /metrics.
+    Serve(ServeArgs),
     /// Internal: render a chat template request from stdin (see `runtime::chat`).
     #[command(hide = true)]
     RenderChat,
 }
 
-#[derive(Args)]
+#[derive(Args, Clone)]
 struct CommonArgs {
     /// Artifact directory written by `converter convert`.
     #[arg(long, default_value = "artifacts/smollm2-135m-instruct")]
@@ -125,6 +128,27 @@ struct PerplexityArgs {
     common: CommonArgs,
 }
 
+#[derive(Args)]
+struct ServeArgs {
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: String,
+    /// Port to listen on (0: any free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests generated at once; more wait in a queue.
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
+    parallel: u16,
+    /// Require `Authorization: Bearer KEY` on the /v1 routes.
+    #[arg(long)]
+    api_key: Option<String>,
+    /// Largest request body, in bytes (larger ones get 413).
+    #[arg(long, default_value_t = 1 << 20)]
+    body_limit: usize,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
 fn main() -> ExitCode {
     let started = Instant::now();
     runtime::keep_freed_memory();
@@ -142,6 +166,7 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
     let common = match &cli.command {
         Some(Command::Perplexity(args)) => &args.common,
         Some(Command::RenderChat) => return Ok(runtime::chat::serve()?),
+        Some(Command::Serve(args)) => return serve(args),
         None => &cli.generate.common,
     };
     let threads = common.threads.map(usize::from);
@@ -160,9 +185,45 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
 fn run_on<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<()> {
     match &cli.command {
         Some(Command::Perplexity(args)) => perplexity::<B>(args),
-        Some(Command::RenderChat) => unreachable!("served before the thread pool starts"),
+        Some(Command::RenderChat | Command::Serve(_)) => {
+            unreachable!("run before the thread pool starts")
+        }
         None => generate::<B>(&cli.generate, started),
     }
+}
+
+/// `runtime serve`: the engine thread starts its own pool, and loads the model after the
+/// port is bound.
+fn serve(args: &ServeArgs) -> Result<()> {
+    let common = args.common.clone();
+    let model = (common.artifacts.file_name())
+        .map_or("model".into(), |name| name.to_string_lossy().into_owned());
+    let options = server::Options {
+        host: args.host.clone(),
+        port: args.port,
+        parallel: args.parallel.into(),
+        api_key: args.api_key.clone(),
+        model,
+        body_limit: args.body_limit,
+        threads: common.threads.map(usize::from),
+    };
+    let listening = |address| {
+        println!("listening on http://{address}");
+        let _ = std::io::stdout().flush();
+    };
+    match common.backend {
+        BackendKind::Flex => server::serve::<FlexBackend, _>(
+            options,
+            move || load::<FlexBackend>(&common).map_err(|e| format!("{e:#}")),
+            listening,
+        ),
+        BackendKind::Ndarray => server::serve::<NdArrayBackend, _>(
+            options,
+            move || load::<NdArrayBackend>(&common).map_err(|e| format!("{e:#}")),
+            listening,
+        ),
+    }?;
+    Ok(())
 }
 
 fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenizer)> {

@@ -1,0 +1,162 @@
+//! The engine: one thread that owns the model and runs up to `parallel` sequences, one
+//! token of each in turn, so every running request keeps streaming. Requests beyond that
+//! wait in the queue (the channel) in arrival order; a request whose client has gone (its
+//! event receiver dropped) is dropped before its next token.
+//!
+//! The model runs on this thread inside the rayon pool, as the command line runs it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::mpsc;
+use std::time::Instant;
+
+use runtime::backend::KernelBackend;
+use runtime::generate::{GenerateOptions, Generator, Sequence, StopReason};
+use runtime::tokenizer::Tokenizer;
+use tokio::sync::mpsc::UnboundedSender;
+
+/// A request for the engine: the prompt's ids and how to continue it, and where its events
+/// go.
+pub struct Job {
+    pub prompt: Vec<u32>,
+    pub options: GenerateOptions,
+    pub events: UnboundedSender<Event>,
+}
+
+/// What the engine tells a request.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Event {
+    /// Generated text, complete characters, never part of a stop string.
+    Text(String),
+    Done {
+        reason: StopReason,
+        prompt_tokens: usize,
+        completion_tokens: usize,
+    },
+    Failed(String),
+}
+
+/// Counters for `/metrics`, shared with the HTTP side.
+#[derive(Debug, Default)]
+pub struct Metrics {
+    pub ready: AtomicBool,
+    pub queued: AtomicUsize,
+    pub running: AtomicUsize,
+    pub requests: AtomicU64,
+    pub prompt_tokens: AtomicU64,
+    pub completion_tokens: AtomicU64,
+    /// Nanoseconds spent running sequences (prefill and decode), for tok/s.
+    pub busy_ns: AtomicU64,
+}
+
+/// The model and tokenizer, once loaded; `parallel` sequences at most.
+pub struct Engine<B: KernelBackend> {
+    pub generator: Generator<B>,
+    pub tokenizer: Arc<Tokenizer>,
+    pub parallel: usize,
+}
+
+impl<B: KernelBackend> Engine<B> {
+    /// Serves `jobs` until the channel closes and every running sequence has ended.
+    pub fn run(&self, jobs: mpsc::Receiver<Job>, metrics: &Metrics) {
+        let mut running: Vec<(Sequence<'_, B>, UnboundedSender<Event>)> = Vec::new();
+        let mut open = true;
+        loop {
+            // Admit waiting jobs into free slots; with nothing running, wait for one.
+            while open && running.len() < self.parallel {
+                let job = if running.is_empty() {
+                    match jobs.recv() {
+                        Ok(job) => job,
+                        Err(_) => {
+                            open = false;
+                            break;
+                        }
+                    }
+                } else {
+                    match jobs.try_recv() {
+                        Ok(job) => job,
+                        Err(mpsc::TryRecvError::Empty) => break,
+                        Err(mpsc::TryRecvError::Disconnected) => {
+                            open = false;
+                            break;
+                        }
+                    }
+                };
+                metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                if job.events.is_closed() {
+                    continue;
+                }
+                let started = Instant::now();
+                let sequence = self
+                    .generator
+                    .start(&self.tokenizer, &job.prompt, job.options);
+                add_busy(metrics, started);
+                match sequence {
+                    Ok(sequence) => {
+                        metrics.running.fetch_add(1, Ordering::Relaxed);
+                        running.push((sequence, job.events));
+                    }
+                    Err(e) => {
+                        let _ = job.events.send(Event::Failed(e.to_string()));
+                    }
+                }
+            }
+            if running.is_empty() {
+                if open {
+                    continue;
+                }
+                return;
+            }
+            // One token of every running sequence.
+            let mut i = 0;
+            while i < running.len() {
+                let (sequence, events) = &mut running[i];
+                let started = Instant::now();
+                let mut text = String::new();
+                let step = if events.is_closed() {
+                    Err("the client went away".to_string())
+                } else {
+                    (self
+                        .generator
+                        .step(sequence, &mut |piece| text.push_str(piece)))
+                    .map_err(|e| e.to_string())
+                };
+                add_busy(metrics, started);
+                if !text.is_empty() {
+                    let _ = events.send(Event::Text(text));
+                }
+                if let Ok(None) = step {
+                    i += 1;
+                    continue;
+                }
+                let (sequence, events) = running.swap_remove(i);
+                metrics.running.fetch_sub(1, Ordering::Relaxed);
+                let mut rest = String::new();
+                let generation = sequence.finish(&mut |piece| rest.push_str(piece));
+                if !rest.is_empty() {
+                    let _ = events.send(Event::Text(rest));
+                }
+                metrics
+                    .prompt_tokens
+                    .fetch_add(generation.prompt_tokens as u64, Ordering::Relaxed);
+                metrics
+                    .completion_tokens
+                    .fetch_add(generation.tokens.len() as u64, Ordering::Relaxed);
+                metrics.requests.fetch_add(1, Ordering::Relaxed);
+                let _ = events.send(match step {
+                    Err(e) => Event::Failed(e),
+                    Ok(_) => Event::Done {
+                        reason: generation.stop_reason,
+                        prompt_tokens: generation.prompt_tokens,
+                        completion_tokens: generation.tokens.len(),
+                    },
+                });
+            }
+        }
+    }
+}
+
+fn add_busy(metrics: &Metrics, started: Instant) {
+    let ns = started.elapsed().as_nanos() as u64;
+    metrics.busy_ns.fetch_add(ns, Ordering::Relaxed);
+}

@@ -1,0 +1,77 @@
+//! Errors as OpenAI's API returns them: a status and `{"error": {"message", "type", "param",
+//! "code"}}`, which its client libraries turn into their typed exceptions.
+
+use axum::Json;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde_json::json;
+
+/// A request that cannot be served, and why.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub status: StatusCode,
+    pub message: String,
+    /// The request field at fault, if one is.
+    pub param: Option<&'static str>,
+}
+
+impl ApiError {
+    /// 400: the request is malformed or asks for what is not supported.
+    pub fn invalid(message: impl Into<String>) -> Self {
+        Self::with_status(StatusCode::BAD_REQUEST, message)
+    }
+
+    /// 400 naming the field at fault.
+    pub fn invalid_field(param: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            param: Some(param),
+            ..Self::invalid(message)
+        }
+    }
+
+    pub fn with_status(status: StatusCode, message: impl Into<String>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param: None,
+        }
+    }
+
+    /// OpenAI's `type` for the status.
+    fn kind(&self) -> &'static str {
+        match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::SERVICE_UNAVAILABLE => "service_unavailable",
+            status if status.is_server_error() => "server_error",
+            _ => "invalid_request_error",
+        }
+    }
+
+    /// OpenAI's `code`, where it has one for the status.
+    fn code(&self) -> Option<&'static str> {
+        match self.status {
+            StatusCode::UNAUTHORIZED => Some("invalid_api_key"),
+            StatusCode::PAYLOAD_TOO_LARGE => Some("request_too_large"),
+            _ => None,
+        }
+    }
+
+    /// The body, `{"error": {...}}`.
+    pub fn body(&self) -> serde_json::Value {
+        json!({
+            "error": {
+                "message": self.message,
+                "type": self.kind(),
+                "param": self.param,
+                "code": self.code(),
+            }
+        })
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        (self.status, Json(self.body())).into_response()
+    }
+}

@@ -1,0 +1,73 @@
+#!/usr/bin/env python3
+"""The official `openai` client against `runtime serve` (run by serve.rs's
+`openai_python_client`): chat and completions, plain and streamed, the model list, and a
+refused request raising the client's typed error.
+
+usage: openai_client.py BASE_URL API_KEY
+"""
+import sys
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+
+base_url, api_key = sys.argv[1], sys.argv[2]
+client = openai.OpenAI(base_url=base_url, api_key=api_key, max_retries=0)
+messages = [{"role": "user", "content": "What is the capital of France?"}]
+
+models = client.models.list()
+model = models.data[0].id
+
+whole = client.chat.completions.create(model=model, messages=messages, temperature=0,
+                                       max_tokens=20, seed=1)
+answer = whole.choices[0].message.content
+assert whole.choices[0].finish_reason in ("stop", "length"), whole
+assert "Paris" in answer, answer
+assert whole.usage.total_tokens == whole.usage.prompt_tokens + whole.usage.completion_tokens
+
+pieces, usage = [], None
+stream = client.chat.completions.create(model=model, messages=messages, temperature=0,
+                                        max_tokens=20, stream=True,
+                                        stream_options={"include_usage": True})
+for chunk in stream:
+    if chunk.usage is not None:
+        usage = chunk.usage
+    for choice in chunk.choices:
+        if choice.delta.content:
+            pieces.append(choice.delta.content)
+assert "".join(pieces) == answer, (pieces, answer)
+assert usage is not None and usage.completion_tokens == whole.usage.completion_tokens
+
+completion = client.completions.create(model=model, prompt="Once upon a time", max_tokens=8,
+                                       temperature=0)
+assert completion.choices[0].text, completion
+streamed = "".join(c.choices[0].text for c in client.completions.create(
+    model=model, prompt="Once upon a time", max_tokens=8, temperature=0, stream=True)
+    if c.choices)
+assert streamed == completion.choices[0].text, (streamed, completion.choices[0].text)
+
+# The same seed gives the same sampled text.
+sampled = [client.chat.completions.create(model=model, messages=messages, temperature=0.9,
+                                          max_tokens=16, seed=42).choices[0].message.content
+           for _ in range(2)]
+assert sampled[0] == sampled[1], sampled
+
+# Four clients at once, each getting its own answer.
+with ThreadPoolExecutor(4) as pool:
+    answers = list(pool.map(lambda _: client.chat.completions.create(
+        model=model, messages=messages, temperature=0, max_tokens=20).choices[0].message.content,
+        range(4)))
+assert answers == [answer] * 4, answers
+
+try:
+    client.chat.completions.create(model=model, messages=messages, n=2)
+    raise AssertionError("n=2 was accepted")
+except openai.BadRequestError as e:
+    assert "n other than 1" in str(e), e
+
+try:
+    openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
+    raise AssertionError("a wrong key was accepted")
+except openai.AuthenticationError:
+    pass
+
+print("openai client: ok")

@@ -568,3 +568,45 @@ fn openai_python_client() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// The next turn of a conversation starts from the kept cache: `cached_tokens` covers the
+/// history, and the answer is the one a fresh server gives.
+#[test]
+fn the_next_turn_reuses_the_cache() {
+    let Some(dir) = artifact_dir() else { return };
+    let history = "The quick brown fox jumps over the lazy dog. ".repeat(100);
+    let first_turn = json!([
+        {"role": "system", "content": history},
+        {"role": "user", "content": "Summarize the text in five words."},
+    ]);
+    let ask = |server: &Server, messages: &Value| {
+        let body = json!({"messages": messages, "temperature": 0, "max_tokens": 12});
+        let (status, v) = server.post("/v1/chat/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        v
+    };
+    let server = Server::start(&dir, &["--parallel", "2"]);
+    let first = ask(&server, &first_turn);
+    let prompt_tokens = first["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert!(prompt_tokens > 900, "{prompt_tokens}");
+    assert_eq!(first["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    let answer = first["choices"][0]["message"]["content"].clone();
+    let mut second_turn = first_turn.as_array().unwrap().clone();
+    second_turn.push(json!({"role": "assistant", "content": answer}));
+    second_turn.push(json!({"role": "user", "content": "Now in three words."}));
+    let second_turn = Value::Array(second_turn);
+    let second = ask(&server, &second_turn);
+    let cached = second["usage"]["prompt_tokens_details"]["cached_tokens"]
+        .as_u64()
+        .unwrap();
+    assert!(
+        cached >= prompt_tokens,
+        "{cached} of {prompt_tokens} cached"
+    );
+    let fresh = ask(&Server::start(&dir, &[]), &second_turn);
+    assert_eq!(fresh["usage"]["prompt_tokens_details"]["cached_tokens"], 0);
+    assert_eq!(
+        second["choices"][0]["message"],
+        fresh["choices"][0]["message"]
+    );
+}

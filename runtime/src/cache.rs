@@ -140,6 +140,17 @@ impl<B: KernelBackend> KvCache<B> {
     pub(crate) fn advance(&mut self, seq: usize) {
         self.len += seq;
     }
+
+    /// Keeps only the first `len` positions (no-op if it holds fewer): what follows is
+    /// written over by the next tokens. How a prompt that shares a prefix with what the
+    /// cache holds reuses it.
+    pub fn truncate(&mut self, len: usize) {
+        let len = len.min(self.len);
+        self.len = len;
+        for layer in &mut self.layers {
+            layer.len = len;
+        }
+    }
 }
 
 /// `MemAvailable` of /proc/meminfo, in bytes, where there is one.

@@ -230,6 +230,20 @@ impl<B: KernelBackend> Generator<B> {
         prompt: &[u32],
         options: GenerateOptions,
     ) -> Result<Sequence<'t, B>, GenerateError> {
+        self.start_from(tokenizer, None, prompt, options)
+    }
+
+    /// [`Self::start`] reusing `reuse`, a cache and the ids it holds (what
+    /// [`Sequence::into_cache`] gives back): the prompt's longest prefix it already holds is
+    /// not run again (the next turn of a conversation prefills only the new messages). A
+    /// cache too small for this generation is not reused.
+    pub fn start_from<'t>(
+        &self,
+        tokenizer: &'t Tokenizer,
+        reuse: Option<(KvCache<B>, Vec<u32>)>,
+        prompt: &[u32],
+        options: GenerateOptions,
+    ) -> Result<Sequence<'t, B>, GenerateError> {
         let context = self.config.max_position_embeddings;
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
@@ -241,12 +255,22 @@ impl<B: KernelBackend> Generator<B> {
             });
         }
         let capacity = context.min(prompt.len() + options.max_new_tokens);
-        let mut cache = self.new_cache(capacity)?;
+        let (mut cache, reused) = match reuse {
+            Some((mut cache, ids)) if cache.capacity() >= capacity => {
+                // At least the prompt's last token runs: its logits start generation.
+                let shared = common_prefix(&ids[..cache.len().min(ids.len())], prompt);
+                let reused = shared.min(prompt.len() - 1);
+                cache.truncate(reused);
+                (cache, reused)
+            }
+            _ => (self.new_cache(capacity)?, 0),
+        };
         let started = Instant::now();
-        let logits = self.forward_logits(prompt, &mut cache, false)?;
+        let logits = self.forward_logits(&prompt[reused..], &mut cache, false)?;
         Ok(Sequence {
             cache,
             capacity,
+            reused,
             sampler: Sampler::new(options.sampling.clone()),
             history: prompt.to_vec(),
             prompt_tokens: prompt.len(),
@@ -345,6 +369,11 @@ impl<B: KernelBackend> Generator<B> {
     }
 }
 
+/// How many leading ids `a` and `b` share.
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(a, b)| a == b).count()
+}
+
 /// Which positions of a chunk of tokens logits are computed for.
 #[derive(Debug, Clone, Copy)]
 enum WantedLogits {
@@ -363,7 +392,10 @@ fn negative_log_likelihood(row: &[f32], target: usize) -> f64 {
 /// A generation under way ([`Generator::start`]): its KV cache, sampler and text so far.
 pub struct Sequence<'t, B: KernelBackend> {
     cache: KvCache<B>,
+    /// Positions this generation may fill (the cache may hold more).
     capacity: usize,
+    /// Prompt tokens found in a reused cache, not run again.
+    reused: usize,
     sampler: Sampler,
     /// Prompt and generated ids (the repeat penalty's window).
     history: Vec<u32>,
@@ -391,9 +423,23 @@ impl<B: KernelBackend> Sequence<'_, B> {
         self.prompt_tokens
     }
 
+    /// Prompt tokens taken from a reused cache instead of run ([`Generator::start_from`]).
+    pub fn reused_tokens(&self) -> usize {
+        self.reused
+    }
+
     /// The result, passing whatever text was still held back (a possible start of a stop
     /// string, at the end) to `on_text`. A sequence not ended yet ends here, as at length.
-    pub fn finish(mut self, on_text: &mut impl FnMut(&str)) -> Generation {
+    pub fn finish(self, on_text: &mut impl FnMut(&str)) -> Generation {
+        self.finish_keeping_cache(on_text).0
+    }
+
+    /// [`Self::finish`], also giving back the cache and the ids whose keys and values it
+    /// holds, for [`Generator::start_from`].
+    pub fn finish_keeping_cache(
+        mut self,
+        on_text: &mut impl FnMut(&str),
+    ) -> (Generation, (KvCache<B>, Vec<u32>)) {
         if self.stop_reason.is_none() {
             self.decode = self.decode_started.elapsed();
         }
@@ -405,18 +451,21 @@ impl<B: KernelBackend> Sequence<'_, B> {
                 n as f64 / t.as_secs_f64()
             }
         };
-        Generation {
+        let mut ids = self.history;
+        ids.truncate(self.cache.len());
+        let generation = Generation {
             text: self.text.into_text(),
             prompt_tokens: self.prompt_tokens,
             stop_reason: self.stop_reason.unwrap_or(StopReason::Length),
             timings: Timings {
                 prefill_s: self.prefill.as_secs_f64(),
                 decode_s: self.decode.as_secs_f64(),
-                prefill_tokens_per_s: per_s(self.prompt_tokens, self.prefill),
+                prefill_tokens_per_s: per_s(self.prompt_tokens - self.reused, self.prefill),
                 decode_tokens_per_s: per_s(self.tokens.len().saturating_sub(1), self.decode),
             },
             tokens: self.tokens,
-        }
+        };
+        (generation, (self.cache, ids))
     }
 }
 

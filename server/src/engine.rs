@@ -3,6 +3,10 @@
 //! wait in the queue (the channel) in arrival order; a request whose client has gone (its
 //! event receiver dropped) is dropped before its next token.
 //!
+//! Each finished sequence's KV cache is kept (up to `parallel` of them) with the ids it
+//! holds; a new request starts from the kept cache sharing the longest prefix with its
+//! prompt (the next turn of a conversation), so only what is new is prefilled.
+//!
 //! The model runs on this thread inside the rayon pool, as the command line runs it.
 
 use std::sync::Arc;
@@ -11,6 +15,7 @@ use std::sync::mpsc;
 use std::time::Instant;
 
 use runtime::backend::KernelBackend;
+use runtime::cache::KvCache;
 use runtime::generate::{GenerateOptions, Generator, Sequence, StopReason};
 use runtime::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
@@ -31,6 +36,8 @@ pub enum Event {
     Done {
         reason: StopReason,
         prompt_tokens: usize,
+        /// Prompt tokens found in a kept cache and not run again.
+        cached_tokens: usize,
         completion_tokens: usize,
     },
     Failed(String),
@@ -60,6 +67,8 @@ impl<B: KernelBackend> Engine<B> {
     /// Serves `jobs` until the channel closes and every running sequence has ended.
     pub fn run(&self, jobs: mpsc::Receiver<Job>, metrics: &Metrics) {
         let mut running: Vec<(Sequence<'_, B>, UnboundedSender<Event>)> = Vec::new();
+        let mut kept: Vec<(KvCache<B>, Vec<u32>)> = Vec::new();
+        let context = self.generator.config.max_position_embeddings;
         let mut open = true;
         loop {
             // Admit waiting jobs into free slots; with nothing running, wait for one.
@@ -87,9 +96,20 @@ impl<B: KernelBackend> Engine<B> {
                     continue;
                 }
                 let started = Instant::now();
-                let sequence = self
-                    .generator
-                    .start(&self.tokenizer, &job.prompt, job.options);
+                // The kept cache sharing most with the prompt, else a fresh one for the whole
+                // context (pages are only touched as positions fill), so that the next turn
+                // fits in it.
+                let best = (0..kept.len()).max_by_key(|&i| common_prefix(&kept[i].1, &job.prompt));
+                let reuse = match best {
+                    Some(i) => Some(kept.swap_remove(i)),
+                    None => self
+                        .generator
+                        .new_cache(context)
+                        .ok()
+                        .map(|c| (c, Vec::new())),
+                };
+                let sequence =
+                    (self.generator).start_from(&self.tokenizer, reuse, &job.prompt, job.options);
                 add_busy(metrics, started);
                 match sequence {
                     Ok(sequence) => {
@@ -132,7 +152,14 @@ impl<B: KernelBackend> Engine<B> {
                 let (sequence, events) = running.swap_remove(i);
                 metrics.running.fetch_sub(1, Ordering::Relaxed);
                 let mut rest = String::new();
-                let generation = sequence.finish(&mut |piece| rest.push_str(piece));
+                let cached_tokens = sequence.reused_tokens();
+                let (generation, cache) =
+                    sequence.finish_keeping_cache(&mut |piece| rest.push_str(piece));
+                // At most `parallel` caches in all, running or kept: the oldest kept goes.
+                while !kept.is_empty() && kept.len() + running.len() >= self.parallel {
+                    kept.remove(0);
+                }
+                kept.push(cache);
                 if !rest.is_empty() {
                     let _ = events.send(Event::Text(rest));
                 }
@@ -148,12 +175,17 @@ impl<B: KernelBackend> Engine<B> {
                     Ok(_) => Event::Done {
                         reason: generation.stop_reason,
                         prompt_tokens: generation.prompt_tokens,
+                        cached_tokens,
                         completion_tokens: generation.tokens.len(),
                     },
                 });
             }
         }
     }
+}
+
+fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(a, b)| a == b).count()
 }
 
 fn add_busy(metrics: &Metrics, started: Instant) {

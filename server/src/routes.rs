@@ -305,10 +305,11 @@ impl Reply {
                 Event::Done {
                     reason,
                     prompt_tokens,
+                    cached_tokens,
                     completion_tokens,
                 } => {
                     let choice = self.choice(Some(&text), false, Some(reason), false);
-                    let usage = usage(prompt_tokens, completion_tokens);
+                    let usage = usage(prompt_tokens, cached_tokens, completion_tokens);
                     return Json(self.envelope(vec![choice], Some(usage), false)).into_response();
                 }
                 Event::Failed(message) => return failed(message).into_response(),
@@ -338,12 +339,13 @@ impl Reply {
                     Event::Done {
                         reason,
                         prompt_tokens,
+                        cached_tokens,
                         completion_tokens,
                     } => {
                         let choice = self.choice(None, first, Some(reason), true);
                         let _ = send(self.envelope(vec![choice], None, true));
                         if include_usage {
-                            let usage = usage(prompt_tokens, completion_tokens);
+                            let usage = usage(prompt_tokens, cached_tokens, completion_tokens);
                             let _ = send(self.envelope(vec![], Some(usage), true));
                         }
                         let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
@@ -364,11 +366,13 @@ impl Reply {
     }
 }
 
-fn usage(prompt_tokens: usize, completion_tokens: usize) -> Value {
+/// OpenAI's usage object; `cached_tokens` are the prompt tokens taken from a kept cache.
+fn usage(prompt_tokens: usize, cached_tokens: usize, completion_tokens: usize) -> Value {
     json!({
         "prompt_tokens": prompt_tokens,
         "completion_tokens": completion_tokens,
         "total_tokens": prompt_tokens + completion_tokens,
+        "prompt_tokens_details": {"cached_tokens": cached_tokens},
     })
 }
 

@@ -17,3 +17,4 @@ impl BackendKind {
         value.get_name().to_string()
     }
 }
+pub mod repl;

@@ -272,3 +272,50 @@ fn kv_cache_option() {
     assert_eq!(f32, tokens("bf16"));
     assert_one_line_error(&run("f8"), "\"f8\" is not one of f32, f16, bf16");
 }
+
+/// `runtime chat`: turns answered in order with the history (the cache kept between them),
+/// `/reset` starting over (the same question then gets the first answer again), `/exit`.
+#[test]
+fn chat_repl_keeps_the_conversation() {
+    let Some(dir) = artifact_dir() else { return };
+    let mut child = Command::new(env!("CARGO_BIN_EXE_runtime"))
+        .args([
+            "chat",
+            "--artifacts",
+            &dir,
+            "--temperature",
+            "0",
+            "--max-new-tokens",
+            "20",
+        ])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let input = "What is the capital of France?\nAnd of Germany?\n/reset\nWhat is the capital of France?\n/exit\nnever read\n";
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stdout = String::from_utf8(out.stdout).unwrap();
+    let answers: Vec<&str> = stdout
+        .split("> ")
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .collect();
+    let single = greedy(
+        &dir,
+        "What is the capital of France?",
+        "20",
+        &["--chat", "--json"],
+    );
+    let single: serde_json::Value = serde_json::from_slice(&single.stdout).unwrap();
+    assert_eq!(answers.len(), 3, "{stdout}");
+    assert_eq!(answers[0], single["text"].as_str().unwrap().trim());
+    assert!(answers[1].contains("Berlin"), "{stdout}");
+    assert_eq!(answers[2], answers[0]);
+}

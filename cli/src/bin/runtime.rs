@@ -36,6 +36,9 @@ struct Cli {
 enum Command {
     /// Perplexity of a text file: mean next-token negative log-likelihood (no BOS added).
     Perplexity(PerplexityArgs),
+    /// Chat in the terminal: multi-turn, the KV cache kept between turns; Ctrl-C stops an
+    /// answer, /reset starts over, /exit (or Ctrl-D) quits.
+    Chat(ChatArgs),
     /// Serve OpenAI's API over HTTP: /v1/chat/completions, /v1/completions, /v1/models,
     /// /health, /metrics.
     Serve(ServeArgs),
@@ -84,6 +87,15 @@ struct GenerateArgs {
     /// System message for --chat.
     #[arg(long, requires = "chat")]
     system: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+/// How to generate: length, sampling, stop strings.
+#[derive(Args)]
+struct SamplingArgs {
     /// Most tokens to generate.
     #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
     max_new_tokens: u32,
@@ -112,6 +124,37 @@ struct GenerateArgs {
     /// newline, tab and carriage return, `\\` as a backslash, as llama.cpp reads them.
     #[arg(long, value_parser = unescape)]
     stop: Vec<String>,
+}
+
+impl SamplingArgs {
+    fn options(&self) -> Result<GenerateOptions> {
+        let sampling = SamplingParams {
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            min_p: self.min_p,
+            repeat_penalty: self.repeat_penalty,
+            repeat_last_n: self.repeat_last_n,
+            seed: self.seed,
+        };
+        sampling
+            .validate()
+            .map_err(|e| anyhow::anyhow!("invalid option: {e}"))?;
+        Ok(GenerateOptions {
+            max_new_tokens: self.max_new_tokens as usize,
+            sampling,
+            stop: self.stop.clone(),
+        })
+    }
+}
+
+#[derive(Args)]
+struct ChatArgs {
+    /// System message at the start of the conversation.
+    #[arg(long)]
+    system: Option<String>,
+    #[command(flatten)]
+    sampling: SamplingArgs,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -165,6 +208,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli, started: Instant) -> Result<()> {
     let common = match &cli.command {
         Some(Command::Perplexity(args)) => &args.common,
+        Some(Command::Chat(args)) => &args.common,
         Some(Command::RenderChat) => return Ok(runtime::chat::serve()?),
         Some(Command::Serve(args)) => return serve(args),
         None => &cli.generate.common,
@@ -185,6 +229,15 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
 fn run_on<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<()> {
     match &cli.command {
         Some(Command::Perplexity(args)) => perplexity::<B>(args),
+        Some(Command::Chat(args)) => {
+            let (generator, tokenizer) = load::<B>(&args.common)?;
+            cli::repl::run(
+                &generator,
+                &tokenizer,
+                args.system.as_deref(),
+                args.sampling.options()?,
+            )
+        }
         Some(Command::RenderChat | Command::Serve(_)) => {
             unreachable!("run before the thread pool starts")
         }
@@ -261,18 +314,7 @@ fn print_line(line: &str) -> Result<()> {
 }
 
 fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<()> {
-    let sampling = SamplingParams {
-        temperature: args.temperature,
-        top_k: args.top_k,
-        top_p: args.top_p,
-        min_p: args.min_p,
-        repeat_penalty: args.repeat_penalty,
-        repeat_last_n: args.repeat_last_n,
-        seed: args.seed,
-    };
-    sampling
-        .validate()
-        .map_err(|e| anyhow::anyhow!("invalid option: {e}"))?;
+    let options = args.sampling.options()?;
     if args.prompt.is_none() && args.prompt_file.is_none() {
         bail!("give a prompt with --prompt TEXT or --prompt-file FILE");
     }
@@ -301,11 +343,6 @@ fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<(
     };
     let load_s = started.elapsed().as_secs_f64();
 
-    let options = GenerateOptions {
-        max_new_tokens: args.max_new_tokens as usize,
-        sampling,
-        stop: args.stop.clone(),
-    };
     let mut stdout = std::io::stdout().lock();
     let mut pipe_closed = false;
     let generation = generator.generate(&tokenizer, &prompt_ids, &options, |piece| {

@@ -369,8 +369,9 @@ impl<B: KernelBackend> Generator<B> {
     }
 }
 
-/// How many leading ids `a` and `b` share.
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+/// How many leading ids `a` and `b` share: what [`Generator::start_from`] can reuse of a
+/// cache holding `a` for the prompt `b`.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
     a.iter().zip(b).take_while(|(a, b)| a == b).count()
 }
 

@@ -16,7 +16,7 @@ use std::time::Instant;
 
 use runtime::backend::KernelBackend;
 use runtime::cache::KvCache;
-use runtime::generate::{GenerateOptions, Generator, Sequence, StopReason};
+use runtime::generate::{GenerateOptions, Generator, Sequence, StopReason, common_prefix};
 use runtime::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -182,10 +182,6 @@ impl<B: KernelBackend> Engine<B> {
             }
         }
     }
-}
-
-fn common_prefix(a: &[u32], b: &[u32]) -> usize {
-    a.iter().zip(b).take_while(|(a, b)| a == b).count()
 }
 
 fn add_busy(metrics: &Metrics, started: Instant) {

@@ -130,26 +130,43 @@ impl KernelBackend for FlexBackend {
         let (queries, keys, values) = (row_major(queries), row_major(keys), row_major(values));
         let queries = matrix(&queries).expect("row_major gives contiguous rows");
         let start = total - seq;
-        let out = with_stored!(keys.dtype(), S => {
-            let view = |t| matrix::<S>(t).expect("row_major gives contiguous rows");
+        let out = if seq > 1 && keys.dtype() == DType::F32 {
+            // An f32 cache's prefix is read where it lies, with no copy.
+            let view = |t| matrix::<f32>(t).expect("row_major gives contiguous rows");
             let (keys, values) = (view(&keys), view(&values));
-            if seq == 1 {
-                CausalAttention { queries, keys, values, batch, seq, start, heads, window }.decode()
-            } else {
-                // A prompt's blocks go through gemm, on f32: keys and values stored narrower
-                // are widened first, a small copy beside the products over them.
-                let kv_width = heads.n_kv_heads * heads.head_dim;
-                let (keys, values) = (
-                    keys.widened(batch, total, kv_width),
-                    values.widened(batch, total, kv_width),
-                );
-                let (keys, values) = (
-                    Matrix::packed(&keys, total, kv_width),
-                    Matrix::packed(&values, total, kv_width),
-                );
-                CausalAttention { queries, keys, values, batch, seq, start, heads, window }.run()
+            CausalAttention {
+                queries,
+                keys,
+                values,
+                batch,
+                seq,
+                start,
+                heads,
+                window,
             }
-        });
+            .run()
+        } else {
+            with_stored!(keys.dtype(), S => {
+                let view = |t| matrix::<S>(t).expect("row_major gives contiguous rows");
+                let (keys, values) = (view(&keys), view(&values));
+                if seq == 1 {
+                    CausalAttention { queries, keys, values, batch, seq, start, heads, window }.decode()
+                } else {
+                    // A prompt's blocks go through gemm, on f32: keys and values stored narrower
+                    // are widened first, a small copy beside the products over them.
+                    let kv_width = heads.n_kv_heads * heads.head_dim;
+                    let (keys, values) = (
+                        keys.widened(batch, total, kv_width),
+                        values.widened(batch, total, kv_width),
+                    );
+                    let (keys, values) = (
+                        Matrix::packed(&keys, total, kv_width),
+                        Matrix::packed(&values, total, kv_width),
+                    );
+                    CausalAttention { queries, keys, values, batch, seq, start, heads, window }.run()
+                }
+            })
+        };
         from_values(out, [batch, seq, width])
     }
 

@@ -304,7 +304,7 @@ multiversioned! {
         for (j, (((s0, s1), s2), s3)) in s0.iter_mut().zip(s1).zip(s2).zip(s3).enumerate() {
             let block = [row(0, j), row(1, j), row(2, j), row(3, j)];
             [*s0, *s1, *s2, *s3] = if width.is_multiple_of(LANES) {
-                dot4(block, query)
+                dot4_pairwise(block, query)
             } else {
                 block.map(|row| dot(row, query))
             };
@@ -410,6 +410,38 @@ fn dot4<W: Stored>([r0, r1, r2, r3]: [&[W]; 4], x: &[f32]) -> [f32; 4] {
         }
     }
     lanes.map(|lanes| lanes.iter().sum())
+}
+
+/// [`dot4`] for attention's scores, which need no fixed order of summation: each row's
+/// partial sums are added pairwise (halves, then quarters, ...), a few shuffles where the
+/// lane-ordered sum is a chain of fifteen dependent adds, and the four rows' sums are four
+/// named arrays, which LLVM keeps in registers (`dot4`'s one 2-D array it kept on the stack
+/// when inlined into `dot_rows4`, a store and reload per add).
+#[inline(always)]
+fn dot4_pairwise<W: Stored>(rows: [&[W]; 4], x: &[f32]) -> [f32; 4] {
+    let (mut l0, mut l1, mut l2, mut l3) =
+        ([0.0f32; LANES], [0.0; LANES], [0.0; LANES], [0.0; LANES]);
+    for c in (0..x.len()).step_by(LANES) {
+        let xs: &[f32; LANES] = x[c..c + LANES].try_into().expect("a whole register");
+        let w = rows
+            .map(|row| -> &[W; LANES] { row[c..c + LANES].try_into().expect("a whole register") });
+        for i in 0..LANES {
+            l0[i] += w[0][i].widen() * xs[i];
+            l1[i] += w[1][i].widen() * xs[i];
+            l2[i] += w[2][i].widen() * xs[i];
+            l3[i] += w[3][i].widen() * xs[i];
+        }
+    }
+    [l0, l1, l2, l3].map(|mut lanes| {
+        let mut half = LANES / 2;
+        while half > 0 {
+            for i in 0..half {
+                lanes[i] += lanes[i + half];
+            }
+            half /= 2;
+        }
+        lanes[0]
+    })
 }
 
 /// `e^x` to within 2 ulp for `x` in [-87, 88] (clamped outside it: `exp(-inf)` is

@@ -185,25 +185,31 @@ impl<B: KernelBackend> LayerCache<B> {
         Ok((prefix(&self.keys), prefix(&self.values)))
     }
 
-    /// Appends one position through `write`, a kernel that writes the buffers itself and
-    /// returns `None` if it wrote nothing (then the position stays free).
-    pub(crate) fn append_with<R>(
-        &mut self,
-        write: impl FnOnce(KvBuffers<'_, B>) -> Option<R>,
+    /// Appends one position to each of `caches` (one layer of each of a batch of sequences)
+    /// through `write`, a kernel that writes the buffers itself and returns `None` if it
+    /// wrote nothing (then every position stays free).
+    pub(crate) fn append_each<R>(
+        caches: &mut [&mut Self],
+        write: impl FnOnce(Vec<KvBuffers<'_, B>>) -> Option<R>,
     ) -> Result<Option<R>, CacheError> {
-        let end = self.reserve(1)?;
-        let written = write(KvBuffers {
-            keys: &mut self.keys,
-            values: &mut self.values,
-            position: self.len,
-        });
+        for cache in caches.iter() {
+            cache.reserve(1)?;
+        }
+        let buffers = caches
+            .iter_mut()
+            .map(|cache| KvBuffers {
+                keys: &mut cache.keys,
+                values: &mut cache.values,
+                position: cache.len,
+            })
+            .collect();
+        let written = write(buffers);
         if written.is_some() {
-            self.len = end;
+            caches.iter_mut().for_each(|cache| cache.len += 1);
         }
         Ok(written)
     }
 
-    /// The end of `seq` more positions, if they fit.
     fn reserve(&self, seq: usize) -> Result<usize, CacheError> {
         let (needed, capacity) = (self.len + seq, self.keys.dims()[1]);
         if needed > capacity {

@@ -295,13 +295,108 @@ impl<B: KernelBackend> Generator<B> {
         sequence: &mut Sequence<'_, B>,
         on_text: &mut impl FnMut(&str),
     ) -> Result<Option<StopReason>, GenerateError> {
-        if sequence.stop_reason.is_some() {
-            return Ok(sequence.stop_reason);
+        let mut results = self.step_each(&mut [sequence], |_, piece| on_text(piece));
+        results.pop().expect("one result per sequence")
+    }
+
+    /// [`Self::step`] for several sequences at once: each samples its next token (`on_text`
+    /// gets the sequence's index with its text), then the tokens of those still running go
+    /// through the model together, one pass over the weights for all of them
+    /// ([`Llama::decode_each`]). A sequence's tokens are the ones it would get stepped
+    /// alone, bit for bit the same logits. One result per sequence, in order.
+    pub fn step_each(
+        &self,
+        sequences: &mut [&mut Sequence<'_, B>],
+        mut on_text: impl FnMut(usize, &str),
+    ) -> Vec<Result<Option<StopReason>, GenerateError>> {
+        let mut results: Vec<Result<Option<StopReason>, GenerateError>> =
+            Vec::with_capacity(sequences.len());
+        // Sequences whose sampled token runs through the model, and the token.
+        let mut running: Vec<(usize, u32)> = Vec::new();
+        for (i, s) in sequences.iter_mut().enumerate() {
+            let sampled = self.sample(s, &mut |piece| on_text(i, piece));
+            if let Ok(Some(next)) = sampled {
+                running.push((i, next));
+            }
+            results.push(sampled.map(|_| None));
         }
-        let s = sequence;
+        if !running.is_empty() {
+            let ids: Vec<u32> = running.iter().map(|&(_, id)| id).collect();
+            let mut caches: Vec<&mut KvCache<B>> = Vec::with_capacity(running.len());
+            // The running sequences' caches, each borrowed apart from the others.
+            let mut rest: &mut [&mut Sequence<'_, B>] = sequences;
+            let mut skipped = 0;
+            for &(i, _) in &running {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - skipped);
+                let (sequence, tail) = tail.split_first_mut().expect("an index in range");
+                caches.push(&mut sequence.cache);
+                rest = tail;
+                skipped = i + 1;
+            }
+            match self.decode_each(&ids, &mut caches) {
+                Ok(logits) => {
+                    let rows = logits.chunks_exact(self.config.vocab_size);
+                    for (&(i, _), row) in running.iter().zip(rows) {
+                        sequences[i].logits = row.to_vec();
+                    }
+                }
+                Err(e) => {
+                    for &(i, _) in &running {
+                        results[i] = Err(GenerateError::Backend(e.to_string()));
+                    }
+                }
+            }
+        }
+        for (s, result) in sequences.iter_mut().zip(&mut results) {
+            if let Err(_) | Ok(Some(_)) = result {
+                continue;
+            }
+            *result = Ok(s.stop_reason);
+        }
+        results
+    }
+
+    /// Runs `ids[b]` after what `caches[b]` holds, for every `b`, a batch at a time
+    /// ([`KernelBackend::DECODE_BATCH`] sequences in one pass over the weights), and returns
+    /// the logits, `vocab_size` per sequence in order: each, bit for bit, what decoding that
+    /// sequence alone gives.
+    pub fn decode_each(
+        &self,
+        ids: &[u32],
+        caches: &mut [&mut KvCache<B>],
+    ) -> Result<Vec<f32>, GenerateError> {
+        assert_eq!(ids.len(), caches.len(), "decode_each: one id per cache");
+        let vocab_size = self.config.vocab_size;
+        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
+            return Err(GenerateError::TokenOutOfRange { id, vocab_size });
+        }
+        let mut out = Vec::with_capacity(ids.len() * vocab_size);
+        for (ids, caches) in ids.chunks(B::DECODE_BATCH).zip(caches.chunks_mut(B::DECODE_BATCH)) {
+            let tokens: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
+            let tokens = TensorData::new(tokens, [ids.len(), 1]);
+            let tokens = Tensor::<B, 2, Int>::from_data(tokens, &self.device);
+            let logits = self.model.decode_each(tokens, caches)?.into_data();
+            out.extend(logits.into_vec::<f32>().map_err(|e| {
+                GenerateError::Backend(format!("cannot read logits: {e:?}"))
+            })?);
+        }
+        Ok(out)
+    }
+
+    /// The part of a step before the model: samples the sequence's next token and passes its
+    /// text on; `Some(token)` if the token is to run through the model, `None` if the
+    /// sequence has ended (its `stop_reason` set).
+    fn sample(
+        &self,
+        s: &mut Sequence<'_, B>,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<Option<u32>, GenerateError> {
+        if s.stop_reason.is_some() {
+            return Ok(None);
+        }
         let reason = 'step: {
             if s.tokens.len() == s.max_new_tokens {
-                break 'step Some(StopReason::Length);
+                break 'step StopReason::Length;
             }
             let next = s.sampler.sample(&mut s.logits, &s.history);
             if s.tokens.is_empty() {
@@ -310,26 +405,23 @@ impl<B: KernelBackend> Generator<B> {
                 s.decode_started = Instant::now();
             }
             if self.eos_ids.contains(&next) {
-                break 'step Some(StopReason::Eos);
+                break 'step StopReason::Eos;
             }
             s.tokens.push(next);
             s.history.push(next);
             if let Some(piece) = s.stream.push(next)?
                 && s.text.push(&piece, on_text)
             {
-                break 'step Some(StopReason::Stop);
+                break 'step StopReason::Stop;
             }
             if s.tokens.len() == s.max_new_tokens || s.cache.len() == s.capacity {
-                break 'step Some(StopReason::Length);
+                break 'step StopReason::Length;
             }
-            s.logits = self.forward_logits(&[next], &mut s.cache, false)?;
-            None
+            return Ok(Some(next));
         };
-        if reason.is_some() {
-            s.decode = s.decode_started.elapsed();
-            s.stop_reason = reason;
-        }
-        Ok(reason)
+        s.decode = s.decode_started.elapsed();
+        s.stop_reason = Some(reason);
+        Ok(None)
     }
 
     /// Perplexity of `ids` (no BOS added): exp of the mean negative log-likelihood of each

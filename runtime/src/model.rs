@@ -180,6 +180,40 @@ impl<B: KernelBackend> Llama<B> {
         B::decode_token(|| Ok(self.logits(self.forward(tokens, cache)?)))
     }
 
+    /// Decodes one token of each of several sequences, each with its own cache (its own
+    /// length): their logits, `[n, 1, vocab]`, row `b` for `tokens[b]` after `caches[b]`.
+    /// One pass over the weights serves every sequence (continuous batching), and each
+    /// row is, bit for bit, what [`Llama::decode`] gives that sequence alone: a sequence's
+    /// output does not depend on what else runs.
+    ///
+    /// Fails, having run nothing, if any cache is full or holds a batch of sequences.
+    ///
+    /// # Shapes
+    /// - tokens: `[n, 1]`
+    pub fn decode_each(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        caches: &mut [&mut KvCache<B>],
+    ) -> Result<Tensor<B, 3>, CacheError> {
+        for cache in caches.iter() {
+            cache.check_room(1, 1)?;
+        }
+        B::decode_token(|| {
+            let ropes: Vec<RopeRows<B>> = caches.iter().map(|cache| cache.rope_rows(1)).collect();
+            let mut x = self.embed_tokens.forward(tokens).cast(FloatDType::F32);
+            let mut layers: Vec<_> = caches.iter_mut().map(|c| c.layers_mut()).collect();
+            for layer in &self.layers {
+                let mut caches: Vec<&mut LayerCache<B>> = (layers.iter_mut())
+                    .map(|layers| layers.next().expect("a cache per layer"))
+                    .collect();
+                x = layer.decode_each(x, &mut caches, &ropes)?;
+            }
+            drop(layers);
+            caches.iter_mut().for_each(|cache| cache.advance(1));
+            Ok(self.logits(rms_norm(&self.norm, x)))
+        })
+    }
+
     /// `[batch, seq, hidden]` → `[batch, seq, vocab]`
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
         project(&self.lm_head, hidden)
@@ -235,13 +269,39 @@ impl<B: KernelBackend> DecoderLayer<B> {
         let [_, seq, _] = x.dims();
         if seq == 1 {
             let shape = self.shape(cache.window());
-            let fused = cache
-                .append_with(|cache| B::decode_layer(&x, &self.weights(), shape, cache, rope))?;
+            let fused = LayerCache::append_each(&mut [cache], |caches| {
+                B::decode_layer(&x, &self.weights(), shape, caches, std::slice::from_ref(rope))
+            })?;
             if let Some(out) = fused {
                 return Ok(out);
             }
         }
         self.forward_composed(x, cache, rope)
+    }
+
+    /// One token of each of several sequences, `x: [n, 1, hidden]`, row `b` after
+    /// `caches[b]` (one layer of sequence `b`'s cache) at its rotary rows `ropes[b]`: the
+    /// backend's fused batch, else each row through [`Self::forward`] on its own.
+    fn decode_each(
+        &self,
+        x: Tensor<B, 3>,
+        caches: &mut [&mut LayerCache<B>],
+        ropes: &[RopeRows<B>],
+    ) -> Result<Tensor<B, 3>, CacheError> {
+        let window = caches.first().and_then(|cache| cache.window());
+        let shape = self.shape(window);
+        let weights = self.weights();
+        let fused =
+            LayerCache::append_each(caches, |buffers| B::decode_layer(&x, &weights, shape, buffers, ropes))?;
+        if let Some(out) = fused {
+            return Ok(out);
+        }
+        let [n, _, hidden] = x.dims();
+        let rows = (caches.iter_mut().zip(ropes).enumerate())
+            .map(|(b, (cache, rope))| self.forward(x.clone().slice([b..b + 1, 0..1, 0..hidden]), cache, rope))
+            .collect::<Result<Vec<_>, _>>()?;
+        debug_assert_eq!(rows.len(), n);
+        Ok(Tensor::cat(rows, 0))
     }
 
     /// The layer as Burn ops (through the backend's [`KernelBackend`] operations): what a
@@ -438,8 +498,9 @@ mod tests {
                 // Both in the same pool: decode attention splits keys by the thread count.
                 let (fused, composed) = crate::in_thread_pool(Some(threads), || {
                     team::with_team(|| {
-                        let fused = fused_layer_cache.append_with(|cache| {
-                            FlexBackend::decode_layer(&x, &layer.weights(), shape, cache, &rope)
+                        let fused = LayerCache::append_each(&mut [fused_layer_cache], |caches| {
+                            let ropes = std::slice::from_ref(&rope);
+                            FlexBackend::decode_layer(&x, &layer.weights(), shape, caches, ropes)
                         });
                         let composed = layer.forward_composed(x, composed_layer_cache, &rope);
                         (fused, composed)
@@ -459,6 +520,85 @@ mod tests {
                     "{dtype}, {threads} threads, position {position}"
                 );
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod batch_tests {
+    use burn::tensor::TensorData;
+
+    use super::*;
+    use crate::FlexBackend;
+    use crate::cache::KvDtype;
+    use crate::config::Biases;
+    use crate::testing::Randomize;
+
+    /// Several sequences of different lengths decoded together (`decode_each`) get, bit for
+    /// bit, the logits each gets decoded alone, step after step, as sequences finish and
+    /// the batch shrinks: two layers with every bias, at 1, 2 and 3 threads. A difference
+    /// in any row's order of summation, or a row reading another's cache, would show.
+    #[test]
+    fn sequences_decoded_together_equal_each_alone() {
+        let config = LlamaConfig {
+            biases: Biases {
+                qkv: true,
+                o: true,
+                mlp: true,
+            },
+            ..LlamaConfig::plain([64, 160, 2], [4, 2, 16], 50, 200)
+        };
+        let device = Default::default();
+        let model = config
+            .init::<FlexBackend>(&device)
+            .map(&mut Randomize(11))
+            .with_matvec_layout(false);
+        let ids = |tokens: &[u32]| {
+            let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+            Tensor::<FlexBackend, 2, Int>::from_data(TensorData::new(ids, [tokens.len(), 1]), &device)
+        };
+        for threads in [1, 2, 3] {
+            crate::in_thread_pool(Some(threads), || {
+                // Prompts of 1, 7, 20, 33 and 60 tokens, prefilled one token at a time.
+                let lengths = [1usize, 7, 20, 33, 60];
+                let new_caches = || -> Vec<KvCache<FlexBackend>> {
+                    (lengths.iter().enumerate())
+                        .map(|(s, &len)| {
+                            let mut cache =
+                                KvCache::new(&config, 1, 100, KvDtype::F32, &device).expect("a cache");
+                            for t in 0..len {
+                                let token = ((s * 13 + t * 7) % 50) as u32;
+                                model.decode(ids(&[token]), &mut cache).expect("room");
+                            }
+                            cache
+                        })
+                        .collect()
+                };
+                let (mut together, mut alone) = (new_caches(), new_caches());
+                for step in 0..12 {
+                    // Sequence s runs 12 - 2s steps: the batch shrinks from 5 to 1.
+                    let running: Vec<usize> =
+                        (0..lengths.len()).filter(|&s| step < 12 - 2 * s.min(5)).collect();
+                    let tokens: Vec<u32> =
+                        running.iter().map(|&s| ((s * 5 + step * 3) % 50) as u32).collect();
+                    let mut caches: Vec<&mut KvCache<FlexBackend>> = together
+                        .iter_mut()
+                        .enumerate()
+                        .filter(|(s, _)| running.contains(s))
+                        .map(|(_, c)| c)
+                        .collect();
+                    let batched = model.decode_each(ids(&tokens), &mut caches).expect("room");
+                    let batched = batched.into_data().into_vec::<f32>().expect("f32 logits");
+                    let rows = batched.chunks_exact(50);
+                    for ((&s, &token), row) in running.iter().zip(&tokens).zip(rows) {
+                        let single = model.decode(ids(&[token]), &mut alone[s]).expect("room");
+                        let single = single.into_data().into_vec::<f32>().expect("f32 logits");
+                        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                        assert_eq!(bits(row), bits(&single), "sequence {s}, step {step}, {threads} threads");
+                    }
+                }
+            })
+            .expect("a thread pool");
         }
     }
 }

@@ -4,6 +4,11 @@
 //! bound it sets. `--depth N` starts tg128 after N prompt tokens (llama-bench's `-d`), to see
 //! decode at a long context, where reading the KV cache adds to reading the weights.
 //!
+//! `--streams 1,2,4,8` measures batched decoding instead: that many sequences, each after
+//! its own 16-token prompt, decoded together for 128 steps (`Generator::step_each`, what
+//! `runtime serve --parallel` runs), as aggregate tok/s; with `--gguf`, llama.cpp's batched
+//! decode of as many sequences (scripts/llamacpp_batched.py) in turn with ours.
+//!
 //! Each run is a fresh child process (this binary with `--child`), so load time and peak
 //! RSS are those of a real process from start to model ready. `--gguf` adds llama.cpp on
 //! those files (scripts/llamacpp_bench.py, the same figures taken the same way), run by run
@@ -61,6 +66,9 @@ struct Cli {
     /// The Python that has llama-cpp-python, for --gguf.
     #[arg(long, default_value = "python3")]
     python: PathBuf,
+    /// Measure batched decoding of this many sequences at once instead (comma-separated).
+    #[arg(long, value_delimiter = ',')]
+    streams: Vec<usize>,
     /// Internal: run one measurement in this process and print it as JSON.
     #[arg(long, hide = true)]
     child: bool,
@@ -84,6 +92,15 @@ fn main() -> Result<()> {
     runtime::keep_freed_memory();
     let cli = Cli::parse();
     let threads = cli.threads.first().copied();
+    if cli.child && !cli.streams.is_empty() {
+        let backend = cli.backends.first().context("--child needs one backend")?;
+        let samples = runtime::in_thread_pool(threads, || match backend {
+            BackendKind::Flex => measure_streams::<FlexBackend>(&cli),
+            BackendKind::Ndarray => measure_streams::<NdArrayBackend>(&cli),
+        })??;
+        println!("{}", serde_json::to_string(&samples)?);
+        return Ok(());
+    }
     if cli.child {
         let backend = cli.backends.first().context("--child needs one backend")?;
         let sample = runtime::in_thread_pool(threads, || match backend {
@@ -93,7 +110,151 @@ fn main() -> Result<()> {
         println!("{}", serde_json::to_string(&sample)?);
         return Ok(());
     }
+    if !cli.streams.is_empty() {
+        return parent_streams(&cli);
+    }
     parent(&cli)
+}
+
+/// Steps of `--streams`' batched decoding.
+const STREAM_STEPS: usize = 128;
+
+/// One batched-decoding figure: `streams` sequences' tokens per second together.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+struct StreamSample {
+    streams: usize,
+    aggregate_tok_s: f64,
+}
+
+/// `--streams`: for each count, that many sequences after their own 16-token prompt (the
+/// ids of `tokens(16)`, plus the sequence's number), then `STREAM_STEPS` tokens of each
+/// decoded together, the ids scripts/llamacpp_batched.py feeds (speed does not depend on
+/// which).
+fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
+    let mut generator =
+        Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
+    generator.kv_dtype = cli.kv_cache;
+    let mut samples = Vec::new();
+    for &n in &cli.streams {
+        let mut caches = (0..n)
+            .map(|s| {
+                let prompt: Vec<u32> = tokens(16).iter().map(|&t| t + s as u32).collect();
+                let mut cache = generator.new_cache(16 + STREAM_STEPS)?;
+                generator.forward_logits(&prompt, &mut cache, false)?;
+                Ok(cache)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let t = Instant::now();
+        for step in 0..STREAM_STEPS {
+            let ids: Vec<u32> = (0..n)
+                .map(|s| ((step * 31 + s * 17) % 40000 + 100) as u32)
+                .collect();
+            let mut caches: Vec<_> = caches.iter_mut().collect();
+            std::hint::black_box(generator.decode_each(&ids, &mut caches)?);
+        }
+        samples.push(StreamSample {
+            streams: n,
+            aggregate_tok_s: (n * STREAM_STEPS) as f64 / t.elapsed().as_secs_f64(),
+        });
+    }
+    Ok(samples)
+}
+
+/// `--streams`' table: ours and llama.cpp's batched decoding, run by run in turn.
+fn parent_streams(cli: &Cli) -> Result<()> {
+    let threads = cli.threads.first().copied().unwrap_or_else(|| {
+        std::thread::available_parallelism().map_or(1, |n| n.get())
+    });
+    let engines: Vec<Engine> = (cli.backends.iter().map(|b| Engine::Ours(b.name())))
+        .chain(cli.gguf.iter().map(Engine::LlamaCpp))
+        .collect();
+    let mut samples: Vec<Result<Vec<StreamSample>, String>> =
+        engines.iter().map(|_| Ok(vec![])).collect();
+    for _ in 0..cli.runs {
+        for (engine, samples) in engines.iter().zip(&mut samples) {
+            let Ok(done) = samples else { continue };
+            let run = match engine {
+                Engine::Ours(backend) => child_streams(cli, backend, threads),
+                Engine::LlamaCpp(gguf) => (cli.streams.iter())
+                    .map(|&n| llama_cpp_batched(cli, gguf, threads, n))
+                    .collect(),
+            };
+            match run {
+                Ok(run) => done.extend(run),
+                Err(e) if matches!(engine, Engine::LlamaCpp(_)) => *samples = Err(e.to_string()),
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    println!("| engine | threads | streams | aggregate tok/s | per stream tok/s | x 1 stream |");
+    println!("|---|---|---|---|---|---|");
+    let mut json_lines = Vec::new();
+    for (engine, samples) in engines.iter().zip(&samples) {
+        let name = engine.name();
+        let samples = match samples {
+            Ok(samples) => samples,
+            Err(e) => {
+                println!("| {name} | {threads} | {e} | | | |");
+                continue;
+            }
+        };
+        let aggregate = |n: usize| {
+            median(samples.iter().filter(|s| s.streams == n).map(|s| s.aggregate_tok_s).collect())
+        };
+        let one = cli.streams.contains(&1).then(|| aggregate(1));
+        for &n in &cli.streams {
+            let total = aggregate(n);
+            let ratio = one.map_or("-".to_string(), |one| format!("{:.2}", total / one));
+            println!(
+                "| {name} | {threads} | {n} | {total:.1} | {:.1} | {ratio} |",
+                total / n as f64
+            );
+            json_lines.push(serde_json::json!({
+                "engine": name, "threads": threads, "runs": cli.runs, "streams": n,
+                "aggregate_tok_s": total, "weights": cli.weights.to_string(),
+                "kv_cache": cli.kv_cache.to_string(),
+            }));
+        }
+    }
+    for line in json_lines {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+fn child_streams(cli: &Cli, backend: &str, threads: usize) -> Result<Vec<StreamSample>> {
+    let streams: Vec<String> = cli.streams.iter().map(usize::to_string).collect();
+    let out = Command::new(std::env::current_exe()?)
+        .args(["--child", "--backends", backend])
+        .arg("--artifacts")
+        .arg(&cli.artifacts)
+        .args(["--threads", &threads.to_string(), "--streams", &streams.join(",")])
+        .args(["--weights", &cli.weights.to_string()])
+        .args(["--kv-cache", &cli.kv_cache.to_string()])
+        .output()?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let message = stderr.lines().next().unwrap_or("no message");
+        bail!("{backend} run failed: {}", message.trim_start_matches("Error: "));
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// One llama.cpp batched run of `streams` sequences through scripts/llamacpp_batched.py.
+fn llama_cpp_batched(cli: &Cli, gguf: &PathBuf, threads: usize, streams: usize) -> Result<StreamSample> {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/llamacpp_batched.py");
+    let out = Command::new(&cli.python)
+        .arg(script)
+        .arg(gguf)
+        .args([threads, streams, STREAM_STEPS].map(|n| n.to_string()))
+        .output()
+        .with_context(|| format!("cannot run {}", cli.python.display()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let message = stderr.lines().last().unwrap_or("no message");
+        bail!("failed ({}): {message}", out.status);
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Fixed, vocabulary-spread token ids (as ../shared/tools/llamacpp_bench.py uses).

@@ -46,10 +46,17 @@ macro_rules! with_stored {
     };
 }
 
+/// Input rows up to which a product runs on the matrix-vector kernels (one pass over the
+/// weight for all the rows, each row summed as alone) rather than gemm: a decoded token of
+/// each of up to this many sequences (`Llama::decode_each`), or a short prompt.
+pub const MATVEC_ROWS: usize = 16;
+
 impl KernelBackend for FlexBackend {
     /// The matrix-vector kernels read bf16 rows and widen them in registers; products of
     /// more rows widen a bf16 weight into an f32 copy for gemm (`linear_forward`).
     const BF16_WEIGHTS: bool = true;
+
+    const DECODE_BATCH: usize = MATVEC_ROWS;
 
     /// Keeps the pool's other threads spinning for the token: see `kernels::team`.
     fn decode_token<R>(work: impl FnOnce() -> R) -> R {
@@ -57,20 +64,26 @@ impl KernelBackend for FlexBackend {
     }
 
     /// See `kernels::layer`: the layer's small operations between its products without Burn
-    /// ops' set-up. Needs every projection stored column-major (`Llama::with_matvec_layout`).
+    /// ops' set-up, and one pass over its weights for every sequence of a batch. Needs every
+    /// projection stored column-major (`Llama::with_matvec_layout`) and every cache of one
+    /// sequence and one type.
     fn decode_layer(
         x: &Tensor<Self, 3>,
         weights: &LayerTensors<Self>,
         shape: LayerShape,
-        cache: KvBuffers<'_, Self>,
-        rope: &RopeRows<Self>,
+        caches: Vec<KvBuffers<'_, Self>>,
+        ropes: &[RopeRows<Self>],
     ) -> Option<Tensor<Self, 3>> {
-        let [1, 1, _] = x.dims() else {
+        let [n, 1, _] = x.dims() else {
             return None;
         };
-        let [1, _, _] = cache.keys.dims() else {
-            return None;
+        let dtype = caches.first()?.keys.dtype();
+        let fits = |c: &KvBuffers<'_, Self>| {
+            matches!(c.keys.dims(), [1, _, _]) && c.keys.dtype() == dtype && c.values.dtype() == dtype
         };
+        if n != caches.len() || n != ropes.len() || !caches.iter().all(fits) {
+            return None;
+        }
         let weights = weights.try_map(
             |gamma| Some(flex(gamma.clone()).to_contiguous()),
             |weight| {
@@ -79,32 +92,36 @@ impl KernelBackend for FlexBackend {
             },
         )?;
         let slices = weights.try_map(|gamma| Some(gamma.storage()), matvec_rows)?;
-        let (cos, sin) = (contiguous(&rope.cos), contiguous(&rope.sin));
-        let KvBuffers {
-            keys,
-            values,
-            position,
-        } = cache;
+        let tables: Vec<(FlexTensor, FlexTensor)> = (ropes.iter())
+            .map(|rope| (contiguous(&rope.cos), contiguous(&rope.sin)))
+            .collect();
+        let rope: Vec<(&[f32], &[f32])> = (tables.iter())
+            .map(|(cos, sin)| (cos.storage(), sin.storage()))
+            .collect();
         // Owned, contiguous (the cache allocates them so) and not shared: written in place.
-        let (mut key_buffer, mut value_buffer) = (
-            flex(take(keys)).to_contiguous(),
-            flex(take(values)).to_contiguous(),
-        );
+        let mut caches = caches;
+        let mut buffers: Vec<(FlexTensor, FlexTensor, usize)> = (caches.iter_mut())
+            .map(|c| {
+                let (keys, values) = (flex(take(&mut *c.keys)), flex(take(&mut *c.values)));
+                (keys.to_contiguous(), values.to_contiguous(), c.position)
+            })
+            .collect();
         let mut out = flex(x.clone()).to_contiguous();
-        with_stored!(key_buffer.dtype(), S => layer::decode_layer::<S>(
-            out.storage_mut(),
-            &slices,
-            shape,
-            KvSlot {
-                keys: key_buffer.storage_mut(),
-                values: value_buffer.storage_mut(),
-                position,
-            },
-            cos.storage(),
-            sin.storage(),
-        ));
-        *keys = from_flex(key_buffer);
-        *values = from_flex(value_buffer);
+        with_stored!(dtype, S => {
+            let slots = buffers
+                .iter_mut()
+                .map(|(keys, values, position)| KvSlot {
+                    keys: keys.storage_mut(),
+                    values: values.storage_mut(),
+                    position: *position,
+                })
+                .collect();
+            layer::decode_layer::<S>(out.storage_mut(), &slices, shape, slots, &rope)
+        });
+        for (cache, (keys, values, _)) in caches.into_iter().zip(buffers) {
+            *cache.keys = from_flex(keys);
+            *cache.values = from_flex(values);
+        }
         Some(from_flex(out))
     }
 
@@ -298,8 +315,8 @@ impl KernelBackend for FlexBackend {
             let x = flex(x).to_contiguous();
             let x: &[f32] = x.storage();
             let d_in = x.len() / (batch * seq).max(1);
-            let outs: Vec<Vec<f32>> = if batch * seq == 1 {
-                matvec::matvecs(&rows, x)
+            let outs: Vec<Vec<f32>> = if batch * seq <= MATVEC_ROWS {
+                matvec::matvecs(&rows, x, d_in)
             } else {
                 rows.iter()
                     .map(|&w| linear::linear_rows(x, w, d_in))

@@ -89,6 +89,11 @@ pub trait KernelBackend: Backend {
     /// stored as bf16, computing as on their f32 values (`load::Weights`).
     const BF16_WEIGHTS: bool = false;
 
+    /// Sequences decoded together at most ([`crate::model::Llama::decode_each`]) while each
+    /// one's logits stay bit-identical to decoding it alone: 1 unless the backend's products
+    /// sum every row as alone up to that many rows.
+    const DECODE_BATCH: usize = 1;
+
     /// Causal grouped-query attention.
     ///
     /// # Shapes
@@ -155,15 +160,17 @@ pub trait KernelBackend: Backend {
         *buffer = reference::write_rows(take(buffer), start, rows);
     }
 
-    /// One layer's forward pass for one token, `x: [1, 1, hidden]`, as one fused kernel
-    /// that also writes the token's key and value into `cache`, if the backend has one for
-    /// these inputs. `None`: nothing was written, and the model runs the composed ops.
+    /// One layer's forward pass for one token of each of `n` sequences, `x: [n, 1, hidden]`,
+    /// as one fused kernel that also writes each token's key and value into its sequence's
+    /// cache (`caches[b]`, at its own position, with `ropes[b]` its rotary rows), if the
+    /// backend has one for these inputs. A row's output must not depend on the other rows.
+    /// `None`: nothing was written, and the model runs the composed ops.
     fn decode_layer(
         _x: &Tensor<Self, 3>,
         _weights: &LayerTensors<Self>,
         _shape: LayerShape,
-        _cache: KvBuffers<'_, Self>,
-        _rope: &RopeRows<Self>,
+        _caches: Vec<KvBuffers<'_, Self>>,
+        _ropes: &[RopeRows<Self>],
     ) -> Option<Tensor<Self, 3>> {
         None
     }

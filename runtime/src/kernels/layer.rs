@@ -83,18 +83,21 @@ pub struct KvSlot<'a, S> {
     pub position: usize,
 }
 
-/// The layer's forward pass for one token: `x` (`[hidden]`, the residual stream) is updated
-/// in place, and the token's key and value are written into `cache`.
+/// The layer's forward pass for one token of each of a batch of sequences: `x` (`[n,
+/// hidden]`, their residual streams) is updated in place, and each token's key and value
+/// are written into its sequence's cache (`caches[b]`, positions may differ). `rope[b]` is
+/// the rotary tables' rows (`cos`, `sin`, `[head_dim]` each) for token `b`'s position.
 ///
+/// The weights are read once for the whole batch (`matvecs`), and every row's arithmetic is
+/// what it is alone, so a sequence's output is the same, bit for bit, in any batch.
 /// Projections are `d_out` contiguous rows of `d_in` (a `[d_in, d_out]` weight stored
-/// column-major), f32 or bf16; `cos` and `sin` are the rotary tables' rows for the position, `[head_dim]`.
+/// column-major), f32 or bf16.
 pub fn decode_layer<S: Stored>(
     x: &mut [f32],
     weights: &LayerWeights<&[f32], Rows<'_>>,
     shape: LayerShape,
-    cache: KvSlot<'_, S>,
-    cos: &[f32],
-    sin: &[f32],
+    caches: Vec<KvSlot<'_, S>>,
+    rope: &[(&[f32], &[f32])],
 ) {
     let LayerShape {
         heads,
@@ -102,63 +105,74 @@ pub fn decode_layer<S: Stored>(
         window,
     } = shape;
     let w = weights;
+    let hidden = w.input_layernorm.len();
     let mut normed = vec![0.0f32; x.len()];
 
     // Attention: pre-norm, q/k/v, RoPE (the score scale goes on q, as in the composed path).
     simd::rms_norm_rows(x, w.input_layernorm, epsilon, &mut normed);
-    let [mut q, mut k, v] = project([&w.q_proj, &w.k_proj, &w.v_proj], &normed);
-    simd::rotary_heads(&mut q, cos, sin, heads.score_scale());
-    simd::rotary_heads(&mut k, cos, sin, 1.0);
-    // The token's key and value join the cache; it attends to every position so far.
-    let KvSlot {
-        keys,
-        values,
-        position,
-    } = cache;
-    let width = k.len();
-    let store = |to: &mut [S], from: &[f32]| {
-        for (to, &x) in to[position * width..][..width].iter_mut().zip(from) {
-            *to = S::narrow(x);
+    let [mut q, mut k, v] = project([&w.q_proj, &w.k_proj, &w.v_proj], &normed, hidden);
+    let (q_width, kv_width) = (q.len() / caches.len(), k.len() / caches.len());
+    let mut attended = Vec::with_capacity(q.len());
+    let rows = (q.chunks_exact_mut(q_width))
+        .zip(k.chunks_exact_mut(kv_width))
+        .zip(v.chunks_exact(kv_width));
+    for (((q, k), v), (cache, &(cos, sin))) in rows.zip(caches.into_iter().zip(rope)) {
+        simd::rotary_heads(q, cos, sin, heads.score_scale());
+        simd::rotary_heads(k, cos, sin, 1.0);
+        // The token's key and value join the cache; it attends to every position so far.
+        let KvSlot {
+            keys,
+            values,
+            position,
+        } = cache;
+        let store = |to: &mut [S], from: &[f32]| {
+            for (to, &x) in to[position * kv_width..][..kv_width].iter_mut().zip(from) {
+                *to = S::narrow(x);
+            }
+        };
+        store(keys, k);
+        store(values, v);
+        let out = CausalAttention {
+            queries: Matrix::rows_of(q, q_width),
+            keys: Matrix::rows_of(keys, kv_width),
+            values: Matrix::rows_of(values, kv_width),
+            batch: 1,
+            seq: 1,
+            start: position,
+            heads,
+            window,
         }
-    };
-    store(keys, &k);
-    store(values, &v);
-    let attended = CausalAttention {
-        queries: Matrix::rows_of(&q, q.len()),
-        keys: Matrix::rows_of(keys, width),
-        values: Matrix::rows_of(values, width),
-        batch: 1,
-        seq: 1,
-        start: position,
-        heads,
-        window,
+        .decode();
+        attended.extend(out);
     }
-    .decode();
     // Output projection, back into the residual stream.
-    let [o] = project([&w.o_proj], &attended);
+    let [o] = project([&w.o_proj], &attended, q_width);
     add(x, &o);
 
     // MLP: pre-norm, gate and up, SwiGLU, down, residual.
     simd::rms_norm_rows(x, w.post_attention_layernorm, epsilon, &mut normed);
-    let [mut gate, up] = project([&w.gate_proj, &w.up_proj], &normed);
+    let [mut gate, up] = project([&w.gate_proj, &w.up_proj], &normed, hidden);
     simd::silu_mul(&mut gate, &up);
-    let [down] = project([&w.down_proj], &gate);
+    let [down] = project([&w.down_proj], &gate, gate.len() / (x.len() / hidden));
     add(x, &down);
 }
 
-/// `x` through projections that share it as input: their matrix-vector products in one
-/// parallel pass, then each one's bias added.
+/// The rows of `xs` (each `d_in` wide) through projections that share them as input: their
+/// matrix products in one parallel pass, then each one's bias added to every row.
 fn project<const N: usize>(
     projections: [&Projection<&[f32], Rows<'_>>; N],
-    x: &[f32],
+    xs: &[f32],
+    d_in: usize,
 ) -> [Vec<f32>; N] {
     let weights = projections.map(|p| p.weight);
-    let mut outs: [Vec<f32>; N] = matvecs(&weights, x)
+    let mut outs: [Vec<f32>; N] = matvecs(&weights, xs, d_in)
         .try_into()
         .expect("one output per weight");
     for (out, projection) in outs.iter_mut().zip(projections) {
         if let Some(bias) = projection.bias {
-            add(out, bias);
+            for row in out.chunks_exact_mut(bias.len()) {
+                add(row, bias);
+            }
         }
     }
     outs

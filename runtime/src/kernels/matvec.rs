@@ -59,52 +59,62 @@ impl<'a> Rows<'a> {
         }
     }
 
-    fn bundles(self, x: &[f32], out: &[AtomicU32], bundles: Range<usize>) {
+    fn bundles(
+        self,
+        xs: &[f32],
+        d_in: usize,
+        out: &[AtomicU32],
+        stride: usize,
+        bundles: Range<usize>,
+    ) {
         match self {
-            Rows::F32(rows) => simd::matvec_bundles(rows, x, out, bundles),
-            Rows::Bf16(rows) => simd::matvec_bundles_bf16(rows, x, out, bundles),
+            Rows::F32(rows) => simd::matvec_bundles(rows, xs, d_in, out, stride, bundles),
+            Rows::Bf16(rows) => simd::matvec_bundles_bf16(rows, xs, d_in, out, stride, bundles),
         }
     }
 }
 
-/// `out[i][j] = weights[i] row j · x` for each weight, all split across the pool's threads
-/// in one parallel region (one hand-off for q, k and v together).
-pub fn matvecs(weights: &[Rows<'_>], x: &[f32]) -> Vec<Vec<f32>> {
+/// `out[i][b d_out_i + j] = weights[i] row j · x_b` for each weight and each of the `n`
+/// vectors `x_b` of `d_in` that `xs` holds one after another, all split across the pool's
+/// threads in one parallel region (one hand-off for q, k and v together). Each weight is
+/// read once for all the vectors (a batch of decoded tokens), and a vector's products are
+/// the same, bit for bit, whatever else is in `xs`.
+pub fn matvecs(weights: &[Rows<'_>], xs: &[f32], d_in: usize) -> Vec<Vec<f32>> {
     let threads = rayon::current_num_threads();
+    let n = xs.len() / d_in;
     // Whichever thread computes a row stores it, so the outputs are atomics; a relaxed
     // store is a plain store on x86, and the region's end orders them before the reads.
-    let outs: Vec<Vec<AtomicU32>> = weights
+    let d_outs: Vec<usize> = weights.iter().map(|rows| rows.len() / d_in).collect();
+    let outs: Vec<Vec<AtomicU32>> = d_outs
         .iter()
-        .map(|rows| {
-            (0..rows.len() / x.len())
-                .map(|_| AtomicU32::new(0))
-                .collect()
-        })
+        .map(|&d_out| (0..n * d_out).map(|_| AtomicU32::new(0)).collect())
         .collect();
     let mut shares: Vec<Vec<Share>> = (0..threads).map(|_| Vec::new()).collect();
-    for (&rows, out) in weights.iter().zip(&outs) {
-        if threads < 2 || out.len() < threads * MIN_ROWS_PER_THREAD {
-            shares[0].push(Share::new(rows, out));
+    for ((&rows, out), &d_out) in weights.iter().zip(&outs).zip(&d_outs) {
+        if threads < 2 || d_out < threads * MIN_ROWS_PER_THREAD {
+            shares[0].push(Share::new(rows, d_out, out, d_out));
             continue;
         }
         // A multiple of four rows per thread: each share splits into four whole quarters.
-        let per_thread = out.len().div_ceil(threads).next_multiple_of(4);
-        let parts = (rows.chunks(per_thread * x.len()).into_iter()).zip(out.chunks(per_thread));
-        for (share, (rows, out)) in shares.iter_mut().zip(parts) {
-            share.push(Share::new(rows, out));
+        let per_thread = d_out.div_ceil(threads).next_multiple_of(4);
+        let parts = rows.chunks(per_thread * d_in).into_iter().enumerate();
+        for (share, (i, rows)) in shares.iter_mut().zip(parts) {
+            // The share's outputs start at its first row; each vector's are `d_out` apart.
+            let n_rows = rows.len() / d_in;
+            share.push(Share::new(rows, n_rows, &out[i * per_thread..], d_out));
         }
     }
     team::for_each_chunk(threads, &|own| {
         for share in &shares[own] {
             while let Some(bundles) = share.claim_front(OWNER_BUNDLES) {
-                share.rows.bundles(x, share.out, bundles);
+                share.run(xs, d_in, bundles);
             }
         }
         for other in (1..threads).map(|k| (own + k) % threads) {
             // The other's last share first: the farthest from where its owner is working.
             for share in shares[other].iter().rev() {
                 while let Some(bundles) = share.claim_back(HELPER_BUNDLES) {
-                    share.rows.bundles(x, share.out, bundles);
+                    share.run(xs, d_in, bundles);
                 }
             }
         }
@@ -122,20 +132,30 @@ pub fn matvecs(weights: &[Rows<'_>], x: &[f32]) -> Vec<Vec<f32>> {
 /// the front by the owner and from the back by a thread with nothing left of its own.
 struct Share<'a> {
     rows: Rows<'a>,
+    /// From the output of the share's first row for the first vector; each vector's outputs
+    /// `stride` apart.
     out: &'a [AtomicU32],
+    stride: usize,
     /// The bundles nobody has claimed, `front..back`, packed as `front << 32 | back` so that one
     /// compare-and-swap moves either end and the two can never cross.
     unclaimed: AtomicU64,
 }
 
 impl<'a> Share<'a> {
-    fn new(rows: Rows<'a>, out: &'a [AtomicU32]) -> Self {
-        let bundles = simd::matvec_bundle_count(out.len());
+    /// `n_rows` rows, whose outputs start at `out`.
+    fn new(rows: Rows<'a>, n_rows: usize, out: &'a [AtomicU32], stride: usize) -> Self {
+        let bundles = simd::matvec_bundle_count(n_rows);
         Self {
             rows,
             out,
+            stride,
             unclaimed: AtomicU64::new(pack(0..bundles)),
         }
+    }
+
+    /// Computes `bundles` of the share's rows for every vector of `xs`.
+    fn run(&self, xs: &[f32], d_in: usize, bundles: Range<usize>) {
+        self.rows.bundles(xs, d_in, self.out, self.stride, bundles);
     }
 
     /// Up to `n` bundles from the front, if any are left.
@@ -211,9 +231,9 @@ mod tests {
             for in_team in [false, true] {
                 let outs = pool.install(|| {
                     if in_team {
-                        team::with_team(|| matvecs(&rows, &x))
+                        team::with_team(|| matvecs(&rows, &x, d_in))
                     } else {
-                        matvecs(&rows, &x)
+                        matvecs(&rows, &x, d_in)
                     }
                 });
                 for (weight, out) in slices.iter().zip(&outs) {
@@ -230,7 +250,7 @@ mod tests {
     #[test]
     fn claims_from_both_ends_meet_without_overlap() {
         let out: Vec<AtomicU32> = (0..4 * 10 + 3).map(|_| AtomicU32::new(0)).collect();
-        let share = Share::new(Rows::F32(&[]), &out);
+        let share = Share::new(Rows::F32(&[]), out.len(), &out, out.len());
         let mut taken = vec![0; simd::matvec_bundle_count(out.len())];
         let mut front = true;
         while let Some(bundles) = if front {
@@ -244,17 +264,65 @@ mod tests {
         assert!(taken.iter().all(|&t| t == 1), "{taken:?}");
     }
 
-    /// bf16 weights give, bit for bit, what their f32 values give: random values (sums that
-    /// round differently in any other order), every shape the kernel splits differently.
+    /// Each vector of a batch gets, bit for bit, what it gets alone: random values (sums that
+    /// round differently in any other order), batches that fill the kernel's passes of four
+    /// vectors and leave some over, shapes the threads split differently.
     #[test]
-    fn bf16_rows_equal_their_f32_values() {
-        let mut state = 0x2545_f491_4f6c_dd1du64;
-        let mut next = move || {
+    fn batched_vectors_equal_each_alone() {
+        let mut next = random(0x9e37_79b9_7f4a_7c15);
+        for (d_in, d_out) in [(48, 1000), (576, 130), (37, 7), (64, 259)] {
+            let bf16: Vec<half::bf16> = (0..d_in * d_out)
+                .map(|_| half::bf16::from_f32(next()))
+                .collect();
+            let f32s: Vec<f32> = (0..d_in * d_out).map(|_| next()).collect();
+            for n in [2, 3, 4, 5, 8, 9] {
+                let xs: Vec<f32> = (0..n * d_in).map(|_| next()).collect();
+                for threads in [1, 2, 3, 5] {
+                    let pool = rayon::ThreadPoolBuilder::new()
+                        .num_threads(threads)
+                        .build()
+                        .expect("a thread pool");
+                    for weight in [Rows::Bf16(&bf16), Rows::F32(&f32s)] {
+                        let (batched, alone) = pool.install(|| {
+                            team::with_team(|| {
+                                let alone: Vec<Vec<f32>> = xs
+                                    .chunks(d_in)
+                                    .flat_map(|x| matvecs(&[weight, weight], x, d_in))
+                                    .collect();
+                                (matvecs(&[weight, weight], &xs, d_in), alone)
+                            })
+                        });
+                        for (i, out) in batched.iter().enumerate() {
+                            for (b, row) in out.chunks(d_out).enumerate() {
+                                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                                assert_eq!(
+                                    bits(row),
+                                    bits(&alone[2 * b + i]),
+                                    "{d_in} x {d_out}, vector {b} of {n}, {threads} threads"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Values in [-0.5, 0.5), from a xorshift generator seeded with `state`.
+    fn random(mut state: u64) -> impl FnMut() -> f32 {
+        move || {
             state ^= state << 13;
             state ^= state >> 7;
             state ^= state << 17;
             (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        };
+        }
+    }
+
+    /// bf16 weights give, bit for bit, what their f32 values give: random values (sums that
+    /// round differently in any other order), every shape the kernel splits differently.
+    #[test]
+    fn bf16_rows_equal_their_f32_values() {
+        let mut next = random(0x2545_f491_4f6c_dd1d);
         for (d_in, d_out) in [(48, 1000), (576, 130), (37, 7), (64, 259)] {
             let x: Vec<f32> = (0..d_in).map(|_| next()).collect();
             let bf16: Vec<half::bf16> = (0..d_in * d_out)
@@ -269,8 +337,8 @@ mod tests {
                 let (a, b) = pool.install(|| {
                     team::with_team(|| {
                         (
-                            matvecs(&[Rows::Bf16(&bf16)], &x),
-                            matvecs(&[Rows::F32(&f32s)], &x),
+                            matvecs(&[Rows::Bf16(&bf16)], &x, d_in),
+                            matvecs(&[Rows::F32(&f32s)], &x, d_in),
                         )
                     })
                 });

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 const LANES: usize = 16;
 
 /// Defines `pub fn $name` running `$body` compiled with AVX-512 (and FMA) when the CPU has
-/// it. The body and the `#[inline(always)]` helpers it calls are inlined into a function
+/// it, else with AVX2 and FMA when it has those (a `mul_add` is then one instruction, not a
+/// call to libm's `fmaf`). The body and the `#[inline(always)]` helpers it calls are inlined into a function
 /// with those target features; a closure would not be (LLVM declines to inline a large
 /// one), which silently leaves the loops at 4-wide SSE.
 macro_rules! multiversioned {
@@ -30,9 +31,20 @@ macro_rules! multiversioned {
             }
 
             #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2 $(<$t: $bound>)? ($($arg: $ty),*) {
+                portable $(::<$t>)? ($($arg),*)
+            }
+
+            #[cfg(target_arch = "x86_64")]
             if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
                 // SAFETY: the features `avx512` is compiled with were just detected.
                 return unsafe { avx512 $(::<$t>)? ($($arg),*) };
+            }
+            #[cfg(target_arch = "x86_64")]
+            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+                // SAFETY: the features `avx2` is compiled with were just detected.
+                return unsafe { avx2 $(::<$t>)? ($($arg),*) };
             }
             portable $(::<$t>)? ($($arg),*)
         }
@@ -190,23 +202,32 @@ impl Stored for half::f16 {
 }
 
 multiversioned! {
-    /// Part of a matrix-vector product over rows, `out[j] = weight row j · x`, where `weight`
-    /// holds `out.len()` rows of `x.len()` (a `[d_in, d_out]` weight stored column-major):
-    /// the rows of `bundles`. With `q = out.len() / 4`, bundle `s < q` is the rows `s`, `q + s`,
-    /// `2q + s` and `3q + s`, and bundle `q + i` the leftover row `4q + i`.
+    /// Part of the products of a matrix with `n` vectors, over rows: `out[b stride + j] =
+    /// weight row j · x_b`, where `weight` holds `rows` rows of `d_in` (a `[d_in, rows]`
+    /// weight stored column-major), `xs` the `n` vectors `x_b` of `d_in` one after another,
+    /// `out` their products, each vector's `stride` apart: the rows of `bundles`. With
+    /// `q = rows / 4`,
+    /// bundle `s < q` is the rows `s`, `q + s`, `2q + s` and `3q + s`, and bundle `q + i` the
+    /// leftover row `4q + i`.
     ///
-    /// Four rows at a time, so each load of `x` feeds four multiply-adds, and the four are
+    /// Four rows at a time, so each load of an `x` feeds four multiply-adds, and the four are
     /// taken from the four quarters of the matrix: four sequential streams far apart keep
-    /// more reads in flight than four neighbouring rows do (docs/BENCHMARKS.md).
+    /// more reads in flight than four neighbouring rows do (docs/BENCHMARKS.md). Several
+    /// vectors (a batch of sequences, each decoding a token) share each load of the weights:
+    /// one pass over the matrix for all of them. Each product is summed exactly as for one
+    /// vector alone (the same multiplies and adds in the same order), so a sequence's output
+    /// does not depend on what else is in the batch.
     /// `out` is atomic so that threads can share a product's rows (`matvec`); the stores are
     /// relaxed, plain stores on x86.
     pub fn matvec_bundles(
         weight: &[f32],
-        x: &[f32],
+        xs: &[f32],
+        d_in: usize,
         out: &[AtomicU32],
+        stride: usize,
         bundles: Range<usize>,
     ) {
-        bundles_of(weight, x, out, bundles)
+        bundles_of(weight, xs, d_in, out, stride, bundles)
     }
 }
 
@@ -215,52 +236,287 @@ multiversioned! {
     /// bit, as over their f32 values.
     pub fn matvec_bundles_bf16(
         weight: &[half::bf16],
-        x: &[f32],
+        xs: &[f32],
+        d_in: usize,
         out: &[AtomicU32],
+        stride: usize,
         bundles: Range<usize>,
     ) {
-        bundles_of(weight, x, out, bundles)
+        bundles_of(weight, xs, d_in, out, stride, bundles)
     }
 }
 
+/// Four dot products of the same four rows with each of several vectors (a multiple of
+/// `LANES` long), each over `LANES` partial sums added in lane order: `[[f32; 4]; n]`, one
+/// array per vector. Written as a macro so that each vector's sums are a variable of its
+/// own, which LLVM keeps in registers (an array of them indexed in a loop it kept on the
+/// stack). A vector's four sums do not depend on the other vectors.
+macro_rules! dot4_vectors {
+    ($rows:expr; $($x:expr => $sums:ident),+) => {{
+        let [r0, r1, r2, r3] = $rows;
+        $(let mut $sums = [[0.0f32; LANES]; 4];)+
+        let rows = r0.chunks_exact(LANES).zip(r1.chunks_exact(LANES));
+        let rows = rows.zip(r2.chunks_exact(LANES)).zip(r3.chunks_exact(LANES));
+        for (c, (((w0, w1), w2), w3)) in rows.enumerate() {
+            $(
+                let x: &[f32] = &$x[c * LANES..][..LANES];
+                for i in 0..LANES {
+                    $sums[0][i] = w0[i].widen().mul_add(x[i], $sums[0][i]);
+                    $sums[1][i] = w1[i].widen().mul_add(x[i], $sums[1][i]);
+                    $sums[2][i] = w2[i].widen().mul_add(x[i], $sums[2][i]);
+                    $sums[3][i] = w3[i].widen().mul_add(x[i], $sums[3][i]);
+                }
+            )+
+        }
+        [$($sums.map(|lanes| lanes.iter().sum::<f32>())),+]
+    }};
+}
+
+/// [`dot4_vectors!`] for four vectors. With AVX-512, through intrinsics: plain Rust for
+/// sixteen sums LLVM kept on the stack, a store and reload per add, however it was
+/// written. The same multiplies and adds in the same order either way (a multiply, then an
+/// add, per lane; the lanes summed in order), so the same bits.
+#[inline(always)]
+fn dot4_x4<W: Stored>(rows: [&[W]; 4], xs: [&[f32]; 4]) -> [[f32; 4]; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        let d_in = xs[0].len();
+        assert!(rows.iter().all(|r| r.len() >= d_in) && xs.iter().all(|x| x.len() == d_in));
+        // SAFETY: avx512f was just detected; every row and vector holds `d_in` values.
+        return unsafe { avx512::dot4_x4(rows.map(<[W]>::as_ptr), xs.map(<[f32]>::as_ptr), d_in) };
+    }
+    dot4_vectors!(rows; xs[0] => s0, xs[1] => s1, xs[2] => s2, xs[3] => s3)
+}
+
+/// Two dot products of the same two rows with each of eight vectors, as [`dot4_x4`]: with
+/// sixteen sums, as many as four rows and four vectors, each load and widening of the
+/// weights serves eight vectors instead of four.
+#[inline(always)]
+fn dot2_x8<W: Stored>(rows: [&[W]; 2], xs: [&[f32]; 8]) -> [[f32; 2]; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        let d_in = xs[0].len();
+        assert!(rows.iter().all(|r| r.len() >= d_in) && xs.iter().all(|x| x.len() == d_in));
+        // SAFETY: avx512f was just detected; every row and vector holds `d_in` values.
+        return unsafe { avx512::dot2_x8(rows.map(<[W]>::as_ptr), xs.map(<[f32]>::as_ptr), d_in) };
+    }
+    let [r0, r1] = rows;
+    let quad = [r0, r1, r0, r1];
+    let low = dot4_vectors!(quad; xs[0] => s0, xs[1] => s1, xs[2] => s2, xs[3] => s3);
+    let high = dot4_vectors!(quad; xs[4] => s0, xs[5] => s1, xs[6] => s2, xs[7] => s3);
+    std::array::from_fn(|v| {
+        let sums = if v < 4 { low[v] } else { high[v - 4] };
+        [sums[0], sums[1]]
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::{LANES, Stored};
+
+    /// Sixteen f32 values from `p`, `W` widened exactly.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn load<W: Stored>(p: *const W) -> __m512 {
+        // SAFETY (for the callers): `p` points at LANES values of W.
+        unsafe {
+            if size_of::<W>() == 4 {
+                _mm512_loadu_ps(p.cast())
+            } else {
+                // The two 16-bit types: bf16 is the high half of its f32; f16 converts.
+                let half = _mm256_loadu_si256(p.cast());
+                if is_bf16::<W>() {
+                    _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16))
+                } else {
+                    _mm512_cvtph_ps(half)
+                }
+            }
+        }
+    }
+
+    /// Whether `W` is bf16: 1 + 2^-8 rounds to 1 in bf16 (8 significant bits), not in f16.
+    fn is_bf16<W: Stored>() -> bool {
+        W::narrow(1.0 + 1.0 / 256.0).widen() == 1.0
+    }
+
+    /// See [`super::dot2_x8`]: `d_in` (a multiple of LANES) values from each pointer.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot2_x8<W: Stored>(
+        [r0, r1]: [*const W; 2],
+        xs: [*const f32; 8],
+        d_in: usize,
+    ) -> [[f32; 2]; 8] {
+        let zero = _mm512_setzero_ps();
+        let [x0, x1, x2, x3, x4, x5, x6, x7] = xs;
+        // Named, not an array: LLVM kept an array of them partly on the stack.
+        let (mut a0, mut a1, mut a2, mut a3, mut a4, mut a5, mut a6, mut a7) =
+            (zero, zero, zero, zero, zero, zero, zero, zero);
+        let (mut b0, mut b1, mut b2, mut b3, mut b4, mut b5, mut b6, mut b7) =
+            (zero, zero, zero, zero, zero, zero, zero, zero);
+        let mut c = 0;
+        while c < d_in {
+            // SAFETY: c + LANES <= d_in, which every pointer holds. The prefetches are of the
+            // rows after these (the next bundle's, in the same streams), hints only.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(r0.wrapping_add(c + d_in).cast());
+                _mm_prefetch::<_MM_HINT_T0>(r1.wrapping_add(c + d_in).cast());
+                let (w0, w1) = (load(r0.add(c)), load(r1.add(c)));
+                macro_rules! both {
+                    ($x:ident, $a:ident, $b:ident) => {
+                        let x = _mm512_loadu_ps($x.add(c));
+                        $a = _mm512_fmadd_ps(w0, x, $a);
+                        $b = _mm512_fmadd_ps(w1, x, $b);
+                    };
+                }
+                both!(x0, a0, b0);
+                both!(x1, a1, b1);
+                both!(x2, a2, b2);
+                both!(x3, a3, b3);
+                both!(x4, a4, b4);
+                both!(x5, a5, b5);
+                both!(x6, a6, b6);
+                both!(x7, a7, b7);
+            }
+            c += LANES;
+        }
+        let first = [a0, a1, a2, a3, a4, a5, a6, a7];
+        let second = [b0, b1, b2, b3, b4, b5, b6, b7];
+        std::array::from_fn(|v| [sum(first[v]), sum(second[v])])
+    }
+
+    /// The lanes of `v` summed in order, as `iter().sum()` sums them for one vector alone.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sum(v: __m512) -> f32 {
+        let mut lanes = [0.0f32; LANES];
+        // SAFETY: `lanes` holds LANES f32.
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
+        lanes.iter().sum::<f32>()
+    }
+
+    /// See [`super::dot4_x4`]: `d_in` (a multiple of LANES) values from each pointer.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot4_x4<W: Stored>(
+        [r0, r1, r2, r3]: [*const W; 4],
+        [x0, x1, x2, x3]: [*const f32; 4],
+        d_in: usize,
+    ) -> [[f32; 4]; 4] {
+        let zero = _mm512_setzero_ps();
+        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+        let (mut b0, mut b1, mut b2, mut b3) = (zero, zero, zero, zero);
+        let (mut c0, mut c1, mut c2, mut c3) = (zero, zero, zero, zero);
+        let (mut d0, mut d1, mut d2, mut d3) = (zero, zero, zero, zero);
+        let mut c = 0;
+        while c < d_in {
+            // SAFETY: c + LANES <= d_in, which every pointer holds.
+            unsafe {
+                let w = [r0, r1, r2, r3].map(|r| load(r.add(c)));
+                let x = [x0, x1, x2, x3].map(|x| _mm512_loadu_ps(x.add(c)));
+                a0 = _mm512_fmadd_ps(w[0], x[0], a0);
+                a1 = _mm512_fmadd_ps(w[1], x[0], a1);
+                a2 = _mm512_fmadd_ps(w[2], x[0], a2);
+                a3 = _mm512_fmadd_ps(w[3], x[0], a3);
+                b0 = _mm512_fmadd_ps(w[0], x[1], b0);
+                b1 = _mm512_fmadd_ps(w[1], x[1], b1);
+                b2 = _mm512_fmadd_ps(w[2], x[1], b2);
+                b3 = _mm512_fmadd_ps(w[3], x[1], b3);
+                c0 = _mm512_fmadd_ps(w[0], x[2], c0);
+                c1 = _mm512_fmadd_ps(w[1], x[2], c1);
+                c2 = _mm512_fmadd_ps(w[2], x[2], c2);
+                c3 = _mm512_fmadd_ps(w[3], x[2], c3);
+                d0 = _mm512_fmadd_ps(w[0], x[3], d0);
+                d1 = _mm512_fmadd_ps(w[1], x[3], d1);
+                d2 = _mm512_fmadd_ps(w[2], x[3], d2);
+                d3 = _mm512_fmadd_ps(w[3], x[3], d3);
+            }
+            c += LANES;
+        }
+        [
+            [sum(a0), sum(a1), sum(a2), sum(a3)],
+            [sum(b0), sum(b1), sum(b2), sum(b3)],
+            [sum(c0), sum(c1), sum(c2), sum(c3)],
+            [sum(d0), sum(d1), sum(d2), sum(d3)],
+        ]
+    }
+}
+
+/// Vectors per pass over a bundle's rows in [`matvec_bundles`]: four rows' sums for each of
+/// four vectors are sixteen registers, half of AVX-512's.
+const VECTORS_PER_PASS: usize = 4;
+
 /// The body of [`matvec_bundles`] for any weight element.
 #[inline(always)]
-fn bundles_of<W: Stored>(weight: &[W], x: &[f32], out: &[AtomicU32], bundles: Range<usize>) {
-    let d_in = x.len();
-    let quarter = out.len() / 4;
+fn bundles_of<W: Stored>(
+    weight: &[W],
+    xs: &[f32],
+    d_in: usize,
+    out: &[AtomicU32],
+    stride: usize,
+    bundles: Range<usize>,
+) {
+    let n = xs.len() / d_in;
+    let quarter = weight.len() / d_in / 4;
     let quartered = bundles.start.min(quarter)..bundles.end.min(quarter);
     let leftover = bundles.start.max(quarter)..bundles.end;
-    let stream =
-        |k: usize| &weight[(k * quarter + quartered.start) * d_in..][..quartered.len() * d_in];
+    let row = |j: usize| &weight[j * d_in..][..d_in];
+    let store = |b: usize, j: usize, value: f32| {
+        out[b * stride + j].store(value.to_bits(), Ordering::Relaxed)
+    };
+    let x = |b: usize| &xs[b * d_in..][..d_in];
     if d_in.is_multiple_of(LANES) {
-        let outs = |k: usize| &out[k * quarter + quartered.start..][..quartered.len()];
-        let outs = outs(0).iter().zip(outs(1)).zip(outs(2)).zip(outs(3));
-        let rows = stream(0)
-            .chunks_exact(d_in)
-            .zip(stream(1).chunks_exact(d_in));
-        let rows = rows
-            .zip(stream(2).chunks_exact(d_in))
-            .zip(stream(3).chunks_exact(d_in));
-        for ((((o0, o1), o2), o3), (((r0, r1), r2), r3)) in outs.zip(rows) {
-            let [d0, d1, d2, d3] = dot4([r0, r1, r2, r3], x);
-            o0.store(d0.to_bits(), Ordering::Relaxed);
-            o1.store(d1.to_bits(), Ordering::Relaxed);
-            o2.store(d2.to_bits(), Ordering::Relaxed);
-            o3.store(d3.to_bits(), Ordering::Relaxed);
+        for s in quartered {
+            let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
+            let block = rows.map(row);
+            let mut b = 0;
+            while n - b >= 8 {
+                // Eight vectors: two rows at a time, sixteen sums (`dot2_x8`).
+                let xs = [0, 1, 2, 3, 4, 5, 6, 7].map(|v| x(b + v));
+                for pair in [0, 2] {
+                    let sums = dot2_x8([block[pair], block[pair + 1]], xs);
+                    for (v, sums) in sums.iter().enumerate() {
+                        store(b + v, rows[pair], sums[0]);
+                        store(b + v, rows[pair + 1], sums[1]);
+                    }
+                }
+                b += 8;
+            }
+            while b < n {
+                let count = (n - b).min(VECTORS_PER_PASS);
+                // The pass's size is a constant in each arm, so its sums stay in registers.
+                let put = |sums: &[[f32; 4]]| {
+                    for (v, sums) in sums.iter().enumerate() {
+                        for (&j, &value) in rows.iter().zip(sums) {
+                            store(b + v, j, value);
+                        }
+                    }
+                };
+                if count == 1 {
+                    put(&dot4_vectors!(block; x(b) => s0));
+                } else {
+                    // A pass of fewer than four vectors repeats its last one.
+                    let xs = [0, 1, 2, 3].map(|v| x(b + v.min(count - 1)));
+                    put(&dot4_x4(block, xs)[..count]);
+                }
+                b += count;
+            }
         }
     } else {
         for s in quartered {
             for k in 0..4 {
-                let row = k * quarter + s;
-                let value = dot(&weight[row * d_in..][..d_in], x);
-                out[row].store(value.to_bits(), Ordering::Relaxed);
+                let j = k * quarter + s;
+                for b in 0..n {
+                    store(b, j, dot(row(j), x(b)));
+                }
             }
         }
     }
     // Leftover bundle s is row 4q + (s - q).
-    for row in leftover.start + 3 * quarter..leftover.end + 3 * quarter {
-        let value = dot(&weight[row * d_in..][..d_in], x);
-        out[row].store(value.to_bits(), Ordering::Relaxed);
+    for j in leftover.start + 3 * quarter..leftover.end + 3 * quarter {
+        for b in 0..n {
+            store(b, j, dot(row(j), x(b)));
+        }
     }
 }
 
@@ -395,28 +651,11 @@ fn dot<W: Stored>(a: &[W], b: &[f32]) -> f32 {
     lanes.iter().sum::<f32>() + tail
 }
 
-/// Four dot products with `x` (a multiple of `LANES` long), each over `LANES` partial sums.
-#[inline(always)]
-fn dot4<W: Stored>([r0, r1, r2, r3]: [&[W]; 4], x: &[f32]) -> [f32; 4] {
-    let mut lanes = [[0.0f32; LANES]; 4];
-    let rows = r0.chunks_exact(LANES).zip(r1.chunks_exact(LANES));
-    let rows = rows.zip(r2.chunks_exact(LANES)).zip(r3.chunks_exact(LANES));
-    for (xs, (((w0, w1), w2), w3)) in x.chunks_exact(LANES).zip(rows) {
-        for i in 0..LANES {
-            lanes[0][i] += w0[i].widen() * xs[i];
-            lanes[1][i] += w1[i].widen() * xs[i];
-            lanes[2][i] += w2[i].widen() * xs[i];
-            lanes[3][i] += w3[i].widen() * xs[i];
-        }
-    }
-    lanes.map(|lanes| lanes.iter().sum())
-}
-
-/// [`dot4`] for attention's scores, which need no fixed order of summation: each row's
-/// partial sums are added pairwise (halves, then quarters, ...), a few shuffles where the
-/// lane-ordered sum is a chain of fifteen dependent adds, and the four rows' sums are four
-/// named arrays, which LLVM keeps in registers (`dot4`'s one 2-D array it kept on the stack
-/// when inlined into `dot_rows4`, a store and reload per add).
+/// Four dot products for attention's scores, which need no fixed order of summation: each
+/// row's partial sums are added pairwise (halves, then quarters, ...), a few shuffles where
+/// the lane-ordered sum of `dot4_vectors!` is a chain of fifteen dependent adds, and the four
+/// rows' sums are four named arrays, which LLVM keeps in registers (one 2-D array it kept
+/// on the stack when inlined into `dot_rows4`, a store and reload per add).
 #[inline(always)]
 fn dot4_pairwise<W: Stored>(rows: [&[W]; 4], x: &[f32]) -> [f32; 4] {
     let (mut l0, mut l1, mut l2, mut l3) =
@@ -576,8 +815,8 @@ mod tests {
         let x: Vec<f32> = (0..d_in).map(|i| i as f32 * 0.5).collect();
         let out: Vec<AtomicU32> = (0..d_out).map(|_| AtomicU32::new(0)).collect();
         let bundles = matvec_bundle_count(d_out);
-        matvec_bundles(&weight, &x, &out, 0..bundles / 2);
-        matvec_bundles(&weight, &x, &out, bundles / 2..bundles);
+        matvec_bundles(&weight, &x, d_in, &out, d_out, 0..bundles / 2);
+        matvec_bundles(&weight, &x, d_in, &out, d_out, bundles / 2..bundles);
         for (row, got) in weight.chunks(d_in).zip(&out) {
             let want: f32 = row.iter().zip(&x).map(|(w, x)| w * x).sum();
             assert_eq!(

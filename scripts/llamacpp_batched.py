@@ -1,0 +1,49 @@
+#!/usr/bin/env python3
+"""llama.cpp's side of `bench --streams`: N sequences, each with its own 16-token prompt,
+decoded together one token each per llama_decode call (what llama-server's parallel slots
+do), with llama-cpp-python's low-level API. Same tokens as `bench --streams`: prompt ids
+(i * 7919) % 40000 + 100 (+ s for sequence s), then (step * 31 + s * 17) % 40000 + 100.
+
+usage: llamacpp_batched.py MODEL.gguf THREADS STREAMS TG -> one JSON line
+"""
+import json
+import sys
+import time
+
+import llama_cpp as L
+
+path, threads, streams, tg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+L.llama_backend_init()
+model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+params = L.llama_context_default_params()
+params.n_ctx = streams * (tg + 64)
+params.n_batch = params.n_ubatch = 512
+params.n_seq_max = streams
+params.n_threads = params.n_threads_batch = threads
+ctx = L.llama_init_from_model(model, params)
+batch = L.llama_batch_init(512, 0, streams)
+
+
+def add(token, position, sequence, logits):
+    i = batch.n_tokens
+    batch.token[i], batch.pos[i], batch.n_seq_id[i] = token, position, 1
+    batch.seq_id[i][0], batch.logits[i] = sequence, logits
+    batch.n_tokens += 1
+
+
+prompt = [(i * 7919) % 40000 + 100 for i in range(16)]
+batch.n_tokens = 0
+for s in range(streams):
+    for j, t in enumerate(prompt):
+        add(t + s, j, s, j == len(prompt) - 1)
+if L.llama_decode(ctx, batch) != 0:
+    sys.exit("llama_decode failed on the prompts")
+started = time.perf_counter()
+for step in range(tg):
+    batch.n_tokens = 0
+    for s in range(streams):
+        add((step * 31 + s * 17) % 40000 + 100, len(prompt) + step, s, True)
+    if L.llama_decode(ctx, batch) != 0:
+        sys.exit(f"llama_decode failed at step {step}")
+elapsed = time.perf_counter() - started
+print(json.dumps({"streams": streams, "aggregate_tok_s": streams * tg / elapsed}))

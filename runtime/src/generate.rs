@@ -371,14 +371,19 @@ impl<B: KernelBackend> Generator<B> {
             return Err(GenerateError::TokenOutOfRange { id, vocab_size });
         }
         let mut out = Vec::with_capacity(ids.len() * vocab_size);
-        for (ids, caches) in ids.chunks(B::DECODE_BATCH).zip(caches.chunks_mut(B::DECODE_BATCH)) {
+        for (ids, caches) in ids
+            .chunks(B::DECODE_BATCH)
+            .zip(caches.chunks_mut(B::DECODE_BATCH))
+        {
             let tokens: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
             let tokens = TensorData::new(tokens, [ids.len(), 1]);
             let tokens = Tensor::<B, 2, Int>::from_data(tokens, &self.device);
             let logits = self.model.decode_each(tokens, caches)?.into_data();
-            out.extend(logits.into_vec::<f32>().map_err(|e| {
-                GenerateError::Backend(format!("cannot read logits: {e:?}"))
-            })?);
+            out.extend(
+                logits
+                    .into_vec::<f32>()
+                    .map_err(|e| GenerateError::Backend(format!("cannot read logits: {e:?}")))?,
+            );
         }
         Ok(out)
     }

@@ -270,7 +270,13 @@ impl<B: KernelBackend> DecoderLayer<B> {
         if seq == 1 {
             let shape = self.shape(cache.window());
             let fused = LayerCache::append_each(&mut [cache], |caches| {
-                B::decode_layer(&x, &self.weights(), shape, caches, std::slice::from_ref(rope))
+                B::decode_layer(
+                    &x,
+                    &self.weights(),
+                    shape,
+                    caches,
+                    std::slice::from_ref(rope),
+                )
             })?;
             if let Some(out) = fused {
                 return Ok(out);
@@ -291,14 +297,17 @@ impl<B: KernelBackend> DecoderLayer<B> {
         let window = caches.first().and_then(|cache| cache.window());
         let shape = self.shape(window);
         let weights = self.weights();
-        let fused =
-            LayerCache::append_each(caches, |buffers| B::decode_layer(&x, &weights, shape, buffers, ropes))?;
+        let fused = LayerCache::append_each(caches, |buffers| {
+            B::decode_layer(&x, &weights, shape, buffers, ropes)
+        })?;
         if let Some(out) = fused {
             return Ok(out);
         }
         let [n, _, hidden] = x.dims();
         let rows = (caches.iter_mut().zip(ropes).enumerate())
-            .map(|(b, (cache, rope))| self.forward(x.clone().slice([b..b + 1, 0..1, 0..hidden]), cache, rope))
+            .map(|(b, (cache, rope))| {
+                self.forward(x.clone().slice([b..b + 1, 0..1, 0..hidden]), cache, rope)
+            })
             .collect::<Result<Vec<_>, _>>()?;
         debug_assert_eq!(rows.len(), n);
         Ok(Tensor::cat(rows, 0))
@@ -555,7 +564,10 @@ mod batch_tests {
             .with_matvec_layout(false);
         let ids = |tokens: &[u32]| {
             let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
-            Tensor::<FlexBackend, 2, Int>::from_data(TensorData::new(ids, [tokens.len(), 1]), &device)
+            Tensor::<FlexBackend, 2, Int>::from_data(
+                TensorData::new(ids, [tokens.len(), 1]),
+                &device,
+            )
         };
         for threads in [1, 2, 3] {
             crate::in_thread_pool(Some(threads), || {
@@ -564,8 +576,8 @@ mod batch_tests {
                 let new_caches = || -> Vec<KvCache<FlexBackend>> {
                     (lengths.iter().enumerate())
                         .map(|(s, &len)| {
-                            let mut cache =
-                                KvCache::new(&config, 1, 100, KvDtype::F32, &device).expect("a cache");
+                            let mut cache = KvCache::new(&config, 1, 100, KvDtype::F32, &device)
+                                .expect("a cache");
                             for t in 0..len {
                                 let token = ((s * 13 + t * 7) % 50) as u32;
                                 model.decode(ids(&[token]), &mut cache).expect("room");
@@ -577,10 +589,13 @@ mod batch_tests {
                 let (mut together, mut alone) = (new_caches(), new_caches());
                 for step in 0..12 {
                     // Sequence s runs 12 - 2s steps: the batch shrinks from 5 to 1.
-                    let running: Vec<usize> =
-                        (0..lengths.len()).filter(|&s| step < 12 - 2 * s.min(5)).collect();
-                    let tokens: Vec<u32> =
-                        running.iter().map(|&s| ((s * 5 + step * 3) % 50) as u32).collect();
+                    let running: Vec<usize> = (0..lengths.len())
+                        .filter(|&s| step < 12 - 2 * s.min(5))
+                        .collect();
+                    let tokens: Vec<u32> = running
+                        .iter()
+                        .map(|&s| ((s * 5 + step * 3) % 50) as u32)
+                        .collect();
                     let mut caches: Vec<&mut KvCache<FlexBackend>> = together
                         .iter_mut()
                         .enumerate()
@@ -594,7 +609,11 @@ mod batch_tests {
                         let single = model.decode(ids(&[token]), &mut alone[s]).expect("room");
                         let single = single.into_data().into_vec::<f32>().expect("f32 logits");
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
-                        assert_eq!(bits(row), bits(&single), "sequence {s}, step {step}, {threads} threads");
+                        assert_eq!(
+                            bits(row),
+                            bits(&single),
+                            "sequence {s}, step {step}, {threads} threads"
+                        );
                     }
                 }
             })

@@ -1,5 +1,7 @@
-//! The engine: one thread that owns the model and runs up to `parallel` sequences, one
-//! token of each in turn, so every running request keeps streaming. Requests beyond that
+//! The engine: one thread that owns the model and runs up to `parallel` sequences, a token
+//! of each per step, decoded together (`Generator::step_each`: one pass over the weights
+//! for all of them, each sequence's tokens what it would get alone), so every running
+//! request keeps streaming. New requests join between steps. Requests beyond that
 //! wait in the queue (the channel) in arrival order; a request whose client has gone (its
 //! event receiver dropped) is dropped before its next token.
 //!
@@ -127,60 +129,82 @@ impl<B: KernelBackend> Engine<B> {
                 }
                 return;
             }
-            // One token of every running sequence.
+            // A client that has gone is dropped before its next token.
             let mut i = 0;
             while i < running.len() {
-                let (sequence, events) = &mut running[i];
-                let started = Instant::now();
-                let mut text = String::new();
-                let step = if events.is_closed() {
-                    Err("the client went away".to_string())
+                if running[i].1.is_closed() {
+                    let (sequence, events) = running.swap_remove(i);
+                    let gone = Err("the client went away".to_string());
+                    self.retire(sequence, events, gone, running.len(), &mut kept, metrics);
                 } else {
-                    (self
-                        .generator
-                        .step(sequence, &mut |piece| text.push_str(piece)))
-                    .map_err(|e| e.to_string())
-                };
-                add_busy(metrics, started);
-                if !text.is_empty() {
-                    let _ = events.send(Event::Text(text));
-                }
-                if let Ok(None) = step {
                     i += 1;
-                    continue;
                 }
+            }
+            // One token of every running sequence, decoded together: one pass over the
+            // weights for all of them.
+            let started = Instant::now();
+            let mut texts = vec![String::new(); running.len()];
+            let results = {
+                let mut sequences: Vec<&mut Sequence<'_, B>> =
+                    running.iter_mut().map(|(sequence, _)| sequence).collect();
+                (self.generator).step_each(&mut sequences, |i, piece| texts[i].push_str(piece))
+            };
+            add_busy(metrics, started);
+            // From the last, so that swap_remove moves only sequences already seen.
+            for (i, (result, text)) in results.into_iter().zip(texts).enumerate().rev() {
+                if !text.is_empty() {
+                    let _ = running[i].1.send(Event::Text(text));
+                }
+                let outcome = match result {
+                    Ok(None) => continue,
+                    Ok(Some(_)) => Ok(()),
+                    Err(e) => Err(e.to_string()),
+                };
                 let (sequence, events) = running.swap_remove(i);
-                metrics.running.fetch_sub(1, Ordering::Relaxed);
-                let mut rest = String::new();
-                let cached_tokens = sequence.reused_tokens();
-                let (generation, cache) =
-                    sequence.finish_keeping_cache(&mut |piece| rest.push_str(piece));
-                // At most `parallel` caches in all, running or kept: the oldest kept goes.
-                while !kept.is_empty() && kept.len() + running.len() >= self.parallel {
-                    kept.remove(0);
-                }
-                kept.push(cache);
-                if !rest.is_empty() {
-                    let _ = events.send(Event::Text(rest));
-                }
-                metrics
-                    .prompt_tokens
-                    .fetch_add(generation.prompt_tokens as u64, Ordering::Relaxed);
-                metrics
-                    .completion_tokens
-                    .fetch_add(generation.tokens.len() as u64, Ordering::Relaxed);
-                metrics.requests.fetch_add(1, Ordering::Relaxed);
-                let _ = events.send(match step {
-                    Err(e) => Event::Failed(e),
-                    Ok(_) => Event::Done {
-                        reason: generation.stop_reason,
-                        prompt_tokens: generation.prompt_tokens,
-                        cached_tokens,
-                        completion_tokens: generation.tokens.len(),
-                    },
-                });
+                self.retire(sequence, events, outcome, running.len(), &mut kept, metrics);
             }
         }
+    }
+
+    /// Ends a sequence that has stopped (or failed, or lost its client): sends what is left
+    /// of its text and how it ended, counts it, and keeps its cache for a later turn (at
+    /// most `parallel` caches in all, `running` of them in use: the oldest kept goes).
+    fn retire(
+        &self,
+        sequence: Sequence<'_, B>,
+        events: UnboundedSender<Event>,
+        outcome: Result<(), String>,
+        running: usize,
+        kept: &mut Vec<(KvCache<B>, Vec<u32>)>,
+        metrics: &Metrics,
+    ) {
+        metrics.running.fetch_sub(1, Ordering::Relaxed);
+        let mut rest = String::new();
+        let cached_tokens = sequence.reused_tokens();
+        let (generation, cache) = sequence.finish_keeping_cache(&mut |piece| rest.push_str(piece));
+        while !kept.is_empty() && kept.len() + running >= self.parallel {
+            kept.remove(0);
+        }
+        kept.push(cache);
+        if !rest.is_empty() {
+            let _ = events.send(Event::Text(rest));
+        }
+        metrics
+            .prompt_tokens
+            .fetch_add(generation.prompt_tokens as u64, Ordering::Relaxed);
+        metrics
+            .completion_tokens
+            .fetch_add(generation.tokens.len() as u64, Ordering::Relaxed);
+        metrics.requests.fetch_add(1, Ordering::Relaxed);
+        let _ = events.send(match outcome {
+            Err(e) => Event::Failed(e),
+            Ok(()) => Event::Done {
+                reason: generation.stop_reason,
+                prompt_tokens: generation.prompt_tokens,
+                cached_tokens,
+                completion_tokens: generation.tokens.len(),
+            },
+        });
     }
 }
 

@@ -162,9 +162,11 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
 
 /// `--streams`' table: ours and llama.cpp's batched decoding, run by run in turn.
 fn parent_streams(cli: &Cli) -> Result<()> {
-    let threads = cli.threads.first().copied().unwrap_or_else(|| {
-        std::thread::available_parallelism().map_or(1, |n| n.get())
-    });
+    let threads = cli
+        .threads
+        .first()
+        .copied()
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
     let engines: Vec<Engine> = (cli.backends.iter().map(|b| Engine::Ours(b.name())))
         .chain(cli.gguf.iter().map(Engine::LlamaCpp))
         .collect();
@@ -199,7 +201,13 @@ fn parent_streams(cli: &Cli) -> Result<()> {
             }
         };
         let aggregate = |n: usize| {
-            median(samples.iter().filter(|s| s.streams == n).map(|s| s.aggregate_tok_s).collect())
+            median(
+                samples
+                    .iter()
+                    .filter(|s| s.streams == n)
+                    .map(|s| s.aggregate_tok_s)
+                    .collect(),
+            )
         };
         let one = cli.streams.contains(&1).then(|| aggregate(1));
         for &n in &cli.streams {
@@ -228,21 +236,37 @@ fn child_streams(cli: &Cli, backend: &str, threads: usize) -> Result<Vec<StreamS
         .args(["--child", "--backends", backend])
         .arg("--artifacts")
         .arg(&cli.artifacts)
-        .args(["--threads", &threads.to_string(), "--streams", &streams.join(",")])
+        .args([
+            "--threads",
+            &threads.to_string(),
+            "--streams",
+            &streams.join(","),
+        ])
         .args(["--weights", &cli.weights.to_string()])
         .args(["--kv-cache", &cli.kv_cache.to_string()])
         .output()?;
     if !out.status.success() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         let message = stderr.lines().next().unwrap_or("no message");
-        bail!("{backend} run failed: {}", message.trim_start_matches("Error: "));
+        bail!(
+            "{backend} run failed: {}",
+            message.trim_start_matches("Error: ")
+        );
     }
     Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// One llama.cpp batched run of `streams` sequences through scripts/llamacpp_batched.py.
-fn llama_cpp_batched(cli: &Cli, gguf: &PathBuf, threads: usize, streams: usize) -> Result<StreamSample> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/llamacpp_batched.py");
+fn llama_cpp_batched(
+    cli: &Cli,
+    gguf: &PathBuf,
+    threads: usize,
+    streams: usize,
+) -> Result<StreamSample> {
+    let script = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../scripts/llamacpp_batched.py"
+    );
     let out = Command::new(&cli.python)
         .arg(script)
         .arg(gguf)

@@ -79,7 +79,9 @@ impl KernelBackend for FlexBackend {
         };
         let dtype = caches.first()?.keys.dtype();
         let fits = |c: &KvBuffers<'_, Self>| {
-            matches!(c.keys.dims(), [1, _, _]) && c.keys.dtype() == dtype && c.values.dtype() == dtype
+            matches!(c.keys.dims(), [1, _, _])
+                && c.keys.dtype() == dtype
+                && c.values.dtype() == dtype
         };
         if n != caches.len() || n != ropes.len() || !caches.iter().all(fits) {
             return None;

@@ -294,7 +294,8 @@ mod tests {
                         });
                         for (i, out) in batched.iter().enumerate() {
                             for (b, row) in out.chunks(d_out).enumerate() {
-                                let bits = |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
+                                let bits =
+                                    |v: &[f32]| v.iter().map(|f| f.to_bits()).collect::<Vec<_>>();
                                 assert_eq!(
                                     bits(row),
                                     bits(&alone[2 * b + i]),

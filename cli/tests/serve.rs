@@ -248,6 +248,69 @@ fn answers_equal_the_command_line_alone_and_eight_at_once() {
     assert_eq!(v["choices"][0]["finish_reason"], "length");
 }
 
+/// A prompt longer than several prefill pieces, arriving while another answer streams, is
+/// prefilled a piece at a time between that answer's tokens (the engine's PREFILL_PIECE is
+/// 128 tokens): both answers still equal the command line's.
+#[test]
+fn a_long_prompt_joins_while_another_streams() {
+    let Some(dir) = artifact_dir() else { return };
+    let long = format!(
+        "{} Summarise the text above in one sentence.",
+        "The river runs past the old mill, where the miller grinds the grain every morning. "
+            .repeat(24)
+    );
+    let short = "Write a long story about a dragon who learns to read.";
+    let (short_tokens, long_tokens) = (300, 16);
+    let expected = [
+        cli_answer(&dir, short, short_tokens),
+        cli_answer(&dir, &long, long_tokens),
+    ];
+    let server = Server::start(&dir, &["--parallel", "2"]);
+    let (decoding, started) = std::sync::mpsc::channel();
+    std::thread::scope(|s| {
+        let address = &server.address;
+        let streaming = s.spawn(move || {
+            // Read as the events come, to say when the first has.
+            let mut stream = TcpStream::connect(address).unwrap();
+            let body = chat_body(short, short_tokens, true).to_string();
+            write!(
+                stream,
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                body.len()
+            )
+            .unwrap();
+            let mut text = String::new();
+            for line in BufReader::new(stream).lines() {
+                let line = line.unwrap();
+                let Some(data) = line.strip_prefix("data: ") else {
+                    continue;
+                };
+                let _ = decoding.send(());
+                if data == "[DONE]" {
+                    break;
+                }
+                let chunk: Value = serde_json::from_str(data).unwrap();
+                text.push_str(chunk["choices"][0]["delta"]["content"].as_str().unwrap_or(""));
+            }
+            text
+        });
+        // The long prompt once the other answer is streaming.
+        started.recv().unwrap();
+        let (status, v) = server.post(
+            "/v1/chat/completions",
+            &chat_body(&long, long_tokens, false),
+        );
+        assert_eq!(status, 200, "{v}");
+        let prompt_tokens = v["usage"]["prompt_tokens"].as_u64().unwrap();
+        assert!(
+            prompt_tokens > 3 * 128,
+            "{prompt_tokens} prompt tokens: not several pieces"
+        );
+        assert_eq!(v["choices"][0]["message"]["content"], expected[1].as_str());
+        assert_eq!(streaming.join().unwrap(), expected[0]);
+    });
+}
+
 /// Each malformed request gets its status and OpenAI's error envelope, and the server goes
 /// on serving.
 #[test]

@@ -158,6 +158,21 @@ impl<B: KernelBackend> Generator<B> {
         cache: &mut KvCache<B>,
         all: bool,
     ) -> Result<Vec<f32>, GenerateError> {
+        let wanted = if all {
+            WantedLogits::All
+        } else {
+            WantedLogits::Last
+        };
+        self.forward_logits_wanted(ids, cache, wanted)
+    }
+
+    /// [`Self::forward_logits`] returning the logits `wanted` names.
+    fn forward_logits_wanted(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache<B>,
+        wanted: WantedLogits,
+    ) -> Result<Vec<f32>, GenerateError> {
         // Checked for the whole input, so a long one fails before any work.
         cache.check_room(1, ids.len())?;
         let vocab_size = self.config.vocab_size;
@@ -168,10 +183,10 @@ impl<B: KernelBackend> Generator<B> {
         let mut out = Vec::new();
         let n_chunks = ids.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
-            let wanted = match (all, i + 1 == n_chunks) {
-                (true, _) => WantedLogits::All,
-                (false, true) => WantedLogits::Last,
-                (false, false) => WantedLogits::None,
+            let wanted = match (wanted, i + 1 == n_chunks) {
+                (WantedLogits::All, _) => WantedLogits::All,
+                (wanted, true) => wanted,
+                (_, false) => WantedLogits::None,
             };
             if let Some(logits) = self.chunk_logits(chunk, cache, wanted)? {
                 out.extend(
@@ -244,6 +259,22 @@ impl<B: KernelBackend> Generator<B> {
         prompt: &[u32],
         options: GenerateOptions,
     ) -> Result<Sequence<'t, B>, GenerateError> {
+        let mut sequence = self.admit(tokenizer, reuse, prompt, options)?;
+        self.prefill(&mut sequence, usize::MAX)?;
+        Ok(sequence)
+    }
+
+    /// [`Self::start_from`] without running the prompt: the prompt checked (every failure
+    /// that does not depend on running it happens here) and the cache chosen. Then
+    /// [`Self::prefill`] runs the prompt, in as many pieces as the caller wants (a server
+    /// prefills a long prompt a piece at a time between decoding steps of the others).
+    pub fn admit<'t>(
+        &self,
+        tokenizer: &'t Tokenizer,
+        reuse: Option<(KvCache<B>, Vec<u32>)>,
+        prompt: &[u32],
+        options: GenerateOptions,
+    ) -> Result<Sequence<'t, B>, GenerateError> {
         let context = self.config.max_position_embeddings;
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);
@@ -254,8 +285,13 @@ impl<B: KernelBackend> Generator<B> {
                 context,
             });
         }
+        let vocab_size = self.config.vocab_size;
+        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab_size) {
+            // An id past the embedding would index out of its bounds inside the backend.
+            return Err(GenerateError::TokenOutOfRange { id, vocab_size });
+        }
         let capacity = context.min(prompt.len() + options.max_new_tokens);
-        let (mut cache, reused) = match reuse {
+        let (cache, reused) = match reuse {
             Some((mut cache, ids)) if cache.capacity() >= capacity => {
                 // At least the prompt's last token runs: its logits start generation.
                 let shared = common_prefix(&ids[..cache.len().min(ids.len())], prompt);
@@ -265,8 +301,8 @@ impl<B: KernelBackend> Generator<B> {
             }
             _ => (self.new_cache(capacity)?, 0),
         };
+        cache.check_room(1, prompt.len() - reused)?;
         let started = Instant::now();
-        let logits = self.forward_logits(&prompt[reused..], &mut cache, false)?;
         Ok(Sequence {
             cache,
             capacity,
@@ -278,13 +314,38 @@ impl<B: KernelBackend> Generator<B> {
             stream: tokenizer.decode_stream(),
             text: StopText::new(options.stop.clone()),
             max_new_tokens: options.max_new_tokens,
-            logits,
+            logits: Vec::new(),
             stop_reason: None,
             started,
             prefill: Duration::ZERO,
             decode_started: started,
             decode: Duration::ZERO,
         })
+    }
+
+    /// Runs up to `max_tokens` more of the sequence's prompt (all of it with `usize::MAX`);
+    /// `true` once the whole prompt has run and the first token's logits are ready, when
+    /// [`Self::step`] may go on. Prefilling a prompt in pieces gives the same cache and
+    /// logits as in one go, up to the order of summation in the products.
+    pub fn prefill(
+        &self,
+        sequence: &mut Sequence<'_, B>,
+        max_tokens: usize,
+    ) -> Result<bool, GenerateError> {
+        let s = sequence;
+        // The prompt's positions in the cache: every one once it has run.
+        let done = s.cache.len();
+        if done >= s.prompt_tokens {
+            return Ok(true);
+        }
+        let end = s.prompt_tokens.min(done.saturating_add(max_tokens));
+        let ids = &s.history[done..end];
+        if end < s.prompt_tokens {
+            self.forward_logits_wanted(ids, &mut s.cache, WantedLogits::None)?;
+            return Ok(false);
+        }
+        s.logits = self.forward_logits_wanted(ids, &mut s.cache, WantedLogits::Last)?;
+        Ok(true)
     }
 
     /// Samples the sequence's next token, passes its text (what is complete) to `on_text`,

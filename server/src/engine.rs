@@ -1,7 +1,8 @@
 //! The engine: one thread that owns the model and runs up to `parallel` sequences, a token
 //! of each per step, decoded together (`Generator::step_each`: one pass over the weights
 //! for all of them, each sequence's tokens what it would get alone), so every running
-//! request keeps streaming. New requests join between steps. Requests beyond that
+//! request keeps streaming. New requests join between steps; a long prompt is prefilled
+//! a piece at a time between the others' steps (`Generator::admit`, `Generator::prefill`). Requests beyond that
 //! wait in the queue (the channel) in arrival order; a request whose client has gone (its
 //! event receiver dropped) is dropped before its next token.
 //!
@@ -11,6 +12,7 @@
 //!
 //! The model runs on this thread inside the rayon pool, as the command line runs it.
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
@@ -21,6 +23,11 @@ use runtime::cache::KvCache;
 use runtime::generate::{GenerateOptions, Generator, Sequence, StopReason, common_prefix};
 use runtime::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
+
+/// Prompt tokens prefilled between two decoding steps while other sequences are running:
+/// a long prompt joins in pieces, and the running streams pause for one piece at a time
+/// rather than for all of it (docs/BENCHMARKS.md has what a piece costs).
+const PREFILL_PIECE: usize = 128;
 
 /// A request for the engine: the prompt's ids and how to continue it, and where its events
 /// go.
@@ -69,13 +76,16 @@ impl<B: KernelBackend> Engine<B> {
     /// Serves `jobs` until the channel closes and every running sequence has ended.
     pub fn run(&self, jobs: mpsc::Receiver<Job>, metrics: &Metrics) {
         let mut running: Vec<(Sequence<'_, B>, UnboundedSender<Event>)> = Vec::new();
+        // Admitted, their prompts not yet all run, first come first served.
+        let mut prefilling: VecDeque<(Sequence<'_, B>, UnboundedSender<Event>)> = VecDeque::new();
         let mut kept: Vec<(KvCache<B>, Vec<u32>)> = Vec::new();
         let context = self.generator.config.max_position_embeddings;
         let mut open = true;
         loop {
-            // Admit waiting jobs into free slots; with nothing running, wait for one.
-            while open && running.len() < self.parallel {
-                let job = if running.is_empty() {
+            // Admit waiting jobs into free slots; with nothing to do, wait for one.
+            while open && running.len() + prefilling.len() < self.parallel {
+                let idle = running.is_empty() && prefilling.is_empty();
+                let job = if idle {
                     match jobs.recv() {
                         Ok(job) => job,
                         Err(_) => {
@@ -97,7 +107,6 @@ impl<B: KernelBackend> Engine<B> {
                 if job.events.is_closed() {
                     continue;
                 }
-                let started = Instant::now();
                 // The kept cache sharing most with the prompt, else a fresh one for the whole
                 // context (pages are only touched as positions fill), so that the next turn
                 // fits in it.
@@ -110,24 +119,47 @@ impl<B: KernelBackend> Engine<B> {
                         .ok()
                         .map(|c| (c, Vec::new())),
                 };
-                let sequence =
-                    (self.generator).start_from(&self.tokenizer, reuse, &job.prompt, job.options);
-                add_busy(metrics, started);
-                match sequence {
+                match (self.generator).admit(&self.tokenizer, reuse, &job.prompt, job.options) {
                     Ok(sequence) => {
                         metrics.running.fetch_add(1, Ordering::Relaxed);
-                        running.push((sequence, job.events));
+                        prefilling.push_back((sequence, job.events));
                     }
                     Err(e) => {
                         let _ = job.events.send(Event::Failed(e.to_string()));
                     }
                 }
             }
-            if running.is_empty() {
+            if running.is_empty() && prefilling.is_empty() {
                 if open {
                     continue;
                 }
                 return;
+            }
+            // A piece of the first waiting prompt: all of it when nothing is decoding, else
+            // PREFILL_PIECE tokens, so that the running streams wait at most that long.
+            if let Some((sequence, events)) = prefilling.front_mut() {
+                let piece = if running.is_empty() {
+                    usize::MAX
+                } else {
+                    PREFILL_PIECE
+                };
+                let started = Instant::now();
+                let prefilled = if events.is_closed() {
+                    Err("the client went away".to_string())
+                } else {
+                    (self.generator.prefill(sequence, piece)).map_err(|e| e.to_string())
+                };
+                add_busy(metrics, started);
+                if !matches!(prefilled, Ok(false)) {
+                    let (sequence, events) = prefilling.pop_front().expect("the front");
+                    match prefilled {
+                        Ok(_) => running.push((sequence, events)),
+                        Err(e) => {
+                            let busy = running.len() + prefilling.len();
+                            self.retire(sequence, events, Err(e), busy, &mut kept, metrics);
+                        }
+                    }
+                }
             }
             // A client that has gone is dropped before its next token.
             let mut i = 0;
@@ -135,10 +167,14 @@ impl<B: KernelBackend> Engine<B> {
                 if running[i].1.is_closed() {
                     let (sequence, events) = running.swap_remove(i);
                     let gone = Err("the client went away".to_string());
-                    self.retire(sequence, events, gone, running.len(), &mut kept, metrics);
+                    let busy = running.len() + prefilling.len();
+                    self.retire(sequence, events, gone, busy, &mut kept, metrics);
                 } else {
                     i += 1;
                 }
+            }
+            if running.is_empty() {
+                continue;
             }
             // One token of every running sequence, decoded together: one pass over the
             // weights for all of them.
@@ -161,7 +197,8 @@ impl<B: KernelBackend> Engine<B> {
                     Err(e) => Err(e.to_string()),
                 };
                 let (sequence, events) = running.swap_remove(i);
-                self.retire(sequence, events, outcome, running.len(), &mut kept, metrics);
+                let busy = running.len() + prefilling.len();
+                self.retire(sequence, events, outcome, busy, &mut kept, metrics);
             }
         }
     }

@@ -46,9 +46,9 @@ macro_rules! with_stored {
     };
 }
 
-/// Input rows up to which a product runs on the matrix-vector kernels (one pass over the
-/// weight for all the rows, each row summed as alone) rather than gemm: a decoded token of
-/// each of up to this many sequences (`Llama::decode_each`), or a short prompt.
+/// Sequences up to which a product of one token of each runs on the matrix-vector kernels
+/// (one pass over the weight for all the rows, each row summed as alone) rather than gemm:
+/// decoding that many sequences together (`Llama::decode_each`). A prompt's rows go to gemm.
 pub const MATVEC_ROWS: usize = 16;
 
 impl KernelBackend for FlexBackend {
@@ -317,7 +317,7 @@ impl KernelBackend for FlexBackend {
             let x = flex(x).to_contiguous();
             let x: &[f32] = x.storage();
             let d_in = x.len() / (batch * seq).max(1);
-            let outs: Vec<Vec<f32>> = if batch * seq <= MATVEC_ROWS {
+            let outs: Vec<Vec<f32>> = if seq == 1 && batch <= MATVEC_ROWS {
                 matvec::matvecs(&rows, x, d_in)
             } else {
                 rows.iter()

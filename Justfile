@@ -83,6 +83,12 @@ bench-llamacpp *args: build
     {{bin}}/bench --backends flex --python "$dir/venv/bin/python" \
         --gguf "$dir/bf16.gguf,$dir/f32.gguf,$dir/q4_1.gguf" {{args}}
 
+# Batched decoding (what `runtime serve --parallel` runs) beside llama.cpp's on the BF16 and
+# F32 GGUFs: just bench-serving --runs 3 (after `just bench-llamacpp` has made them)
+bench-serving *args: build
+    {{bin}}/bench --backends flex --streams 1,2,4,8 --python target/llamacpp/venv/bin/python \
+        --gguf target/llamacpp/bf16.gguf,target/llamacpp/f32.gguf {{args}}
+
 # Fuzz one parser (gguf, safetensors, config, manifest) for `seconds`; see fuzz/README.md
 fuzz target seconds="300":
     #!/usr/bin/env bash

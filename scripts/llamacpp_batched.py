@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """llama.cpp's side of `bench --streams`: N sequences, each with its own 16-token prompt,
 decoded together one token each per llama_decode call (what llama-server's parallel slots
-do), with llama-cpp-python's low-level API. Same tokens as `bench --streams`: prompt ids
+do), with llama-cpp-python's low-level API; the prompts go in one call, whose time is
+every sequence's time to first token (ttft_s). Same tokens as `bench --streams`: prompt ids
 (i * 7919) % 40000 + 100 (+ s for sequence s), then (step * 31 + s * 17) % 40000 + 100.
 
 usage: llamacpp_batched.py MODEL.gguf THREADS STREAMS TG -> one JSON line
@@ -36,8 +37,11 @@ batch.n_tokens = 0
 for s in range(streams):
     for j, t in enumerate(prompt):
         add(t + s, j, s, j == len(prompt) - 1)
+prompts_started = time.perf_counter()
 if L.llama_decode(ctx, batch) != 0:
     sys.exit("llama_decode failed on the prompts")
+# Every sequence's first logits come with this one call: its time is each one's TTFT.
+ttft_s = time.perf_counter() - prompts_started
 started = time.perf_counter()
 for step in range(tg):
     batch.n_tokens = 0
@@ -46,4 +50,5 @@ for step in range(tg):
     if L.llama_decode(ctx, batch) != 0:
         sys.exit(f"llama_decode failed at step {step}")
 elapsed = time.perf_counter() - started
-print(json.dumps({"streams": streams, "aggregate_tok_s": streams * tg / elapsed}))
+print(json.dumps({"streams": streams, "aggregate_tok_s": streams * tg / elapsed,
+                  "ttft_s": ttft_s}))

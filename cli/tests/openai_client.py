@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The official `openai` client against `runtime serve` (run by serve.rs's
-`openai_python_client`): chat and completions, plain and streamed, the model list, and a
-refused request raising the client's typed error.
+`openai_python_client`): chat and completions, plain and streamed, logprobs, the model list,
+and a refused request raising the client's typed error.
 
 usage: openai_client.py BASE_URL API_KEY
 """
@@ -44,6 +44,14 @@ streamed = "".join(c.choices[0].text for c in client.completions.create(
     model=model, prompt="Once upon a time", max_tokens=8, temperature=0, stream=True)
     if c.choices)
 assert streamed == completion.choices[0].text, (streamed, completion.choices[0].text)
+
+# Log-probabilities, read through the client's types.
+scored = client.chat.completions.create(model=model, messages=messages, temperature=0,
+                                        max_tokens=6, logprobs=True, top_logprobs=2)
+tokens = scored.choices[0].logprobs.content
+assert len(tokens) == scored.usage.completion_tokens, tokens
+assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens), tokens
+assert "".join(t.token for t in tokens) == scored.choices[0].message.content
 
 # The same seed gives the same sampled text.
 sampled = [client.chat.completions.create(model=model, messages=messages, temperature=0.9,

@@ -311,6 +311,87 @@ fn a_long_prompt_joins_while_another_streams() {
     });
 }
 
+/// `logprobs`: each generated token's log-probability and the most likely tokens' at its
+/// step, in OpenAI's shapes, streamed or not; greedy, each token is its step's most likely,
+/// and the tokens spell the answer.
+#[test]
+fn logprobs_come_with_the_tokens() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &[]);
+    let mut body = chat_body(PROMPTS[0], 12, false);
+    body["logprobs"] = json!(true);
+    body["top_logprobs"] = json!(3);
+    let (status, v) = server.post("/v1/chat/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let content = v["choices"][0]["logprobs"]["content"]
+        .as_array()
+        .unwrap()
+        .clone();
+    assert_eq!(
+        content.len() as u64,
+        v["usage"]["completion_tokens"].as_u64().unwrap()
+    );
+    let mut spelled = String::new();
+    for entry in &content {
+        let top = entry["top_logprobs"].as_array().unwrap();
+        assert_eq!(top.len(), 3, "{entry}");
+        let logprob = entry["logprob"].as_f64().unwrap();
+        assert!(logprob <= 0.0);
+        assert_eq!(
+            entry["token"], top[0]["token"],
+            "greedy takes the most likely"
+        );
+        assert_eq!(logprob, top[0]["logprob"].as_f64().unwrap());
+        assert!(
+            top.windows(2)
+                .all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64())
+        );
+        let token = entry["token"].as_str().unwrap();
+        let bytes: Vec<u8> = serde_json::from_value(entry["bytes"].clone()).unwrap();
+        assert_eq!(bytes, token.as_bytes());
+        spelled.push_str(token);
+    }
+    assert_eq!(
+        spelled,
+        v["choices"][0]["message"]["content"].as_str().unwrap()
+    );
+    // Streamed: the same entries, spread over the chunks.
+    body["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &body);
+    let streamed: Vec<Value> = events[..events.len() - 1]
+        .iter()
+        .map(|e| serde_json::from_str::<Value>(e).unwrap())
+        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
+        .flatten()
+        .collect();
+    // The second request reuses the first's cache: its prompt's last position runs through
+    // the decoding kernels, not the prompt's gemm, so values agree to rounding, not bits.
+    assert_eq!(streamed.len(), content.len());
+    for (a, b) in streamed.iter().zip(&content) {
+        assert_eq!(a["token"], b["token"]);
+        let (a, b) = (
+            a["logprob"].as_f64().unwrap(),
+            b["logprob"].as_f64().unwrap(),
+        );
+        assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
+    }
+    // Without logprobs, none.
+    let (_, plain) = server.post("/v1/chat/completions", &chat_body(PROMPTS[0], 4, false));
+    assert!(plain["choices"][0]["logprobs"].is_null());
+    // The completions API's parallel lists.
+    let body =
+        json!({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "logprobs": 2});
+    let (status, v) = server.post("/v1/completions", &body);
+    assert_eq!(status, 200, "{v}");
+    let logprobs = &v["choices"][0]["logprobs"];
+    let tokens = logprobs["tokens"].as_array().unwrap();
+    assert_eq!(tokens.len(), 6);
+    assert_eq!(logprobs["token_logprobs"].as_array().unwrap().len(), 6);
+    assert_eq!(logprobs["top_logprobs"][0].as_object().unwrap().len(), 2);
+    let text: String = tokens.iter().map(|t| t.as_str().unwrap()).collect();
+    assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
+}
+
 /// Each malformed request gets its status and OpenAI's error envelope, and the server goes
 /// on serving.
 #[test]
@@ -382,9 +463,16 @@ fn malformed_requests_get_status_and_envelope() {
         (
             "POST",
             chat_path,
-            chat(json!({"logprobs": true})),
+            chat(json!({"top_logprobs": 2})),
             400,
-            "logprobs",
+            "top_logprobs",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(json!({"logprobs": true, "top_logprobs": 21})),
+            400,
+            "top_logprobs",
         ),
         (
             "POST",

@@ -13,7 +13,7 @@ use crate::cache::{CacheError, KvCache, KvDtype};
 use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::load::{Kept, Weights};
 use crate::model::Llama;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{Sampler, SamplingParams, TokenLogprob, logprobs};
 use crate::tokenizer::{TextStream, Tokenizer, TokenizerError};
 
 /// Prompts and perplexity texts run through the model this many tokens at a time, which
@@ -315,6 +315,8 @@ impl<B: KernelBackend> Generator<B> {
             text: StopText::new(options.stop.clone()),
             max_new_tokens: options.max_new_tokens,
             logits: Vec::new(),
+            logprobs_top: None,
+            logprobs: Vec::new(),
             stop_reason: None,
             started,
             prefill: Duration::ZERO,
@@ -464,6 +466,8 @@ impl<B: KernelBackend> Generator<B> {
             if s.tokens.len() == s.max_new_tokens {
                 break 'step StopReason::Length;
             }
+            // The sampler changes the logits in place; log-probabilities are the model's.
+            let raw = s.logprobs_top.map(|_| s.logits.clone());
             let next = s.sampler.sample(&mut s.logits, &s.history);
             if s.tokens.is_empty() {
                 // The first token's time belongs to the prompt: it waits on the prefill.
@@ -472,6 +476,9 @@ impl<B: KernelBackend> Generator<B> {
             }
             if self.eos_ids.contains(&next) {
                 break 'step StopReason::Eos;
+            }
+            if let (Some(raw), Some(top)) = (raw, s.logprobs_top) {
+                s.logprobs.push(logprobs(&raw, next, top));
             }
             s.tokens.push(next);
             s.history.push(next);
@@ -565,6 +572,10 @@ pub struct Sequence<'t, B: KernelBackend> {
     max_new_tokens: usize,
     /// The next token's logits.
     logits: Vec<f32>,
+    /// Whether to record each generated token's log-probability, with how many of the most
+    /// likely alternatives ([`Sequence::record_logprobs`]).
+    logprobs_top: Option<usize>,
+    logprobs: Vec<TokenLogprob>,
     stop_reason: Option<StopReason>,
     started: Instant,
     prefill: Duration,
@@ -573,6 +584,17 @@ pub struct Sequence<'t, B: KernelBackend> {
 }
 
 impl<B: KernelBackend> Sequence<'_, B> {
+    /// Records, from the next token on, each generated token's log-probability and the
+    /// `top` most likely tokens' at its step ([`Self::take_logprobs`]).
+    pub fn record_logprobs(&mut self, top: usize) {
+        self.logprobs_top = Some(top);
+    }
+
+    /// The log-probabilities recorded since the last call, one per generated token.
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.logprobs)
+    }
+
     /// Generated token ids so far (an ending EOS is not included).
     pub fn tokens(&self) -> &[u32] {
         &self.tokens

@@ -155,6 +155,45 @@ pub fn argmax(logits: &[f32]) -> u32 {
 
 /// Divides positive logits and multiplies negative ones by `penalty` for every distinct
 /// token among the last `window` tokens (transformers' `RepetitionPenaltyLogitsProcessor`).
+/// A generated token's log-probability under the model (the log-softmax of its raw logits,
+/// before temperature, penalties or truncation, as OpenAI's `logprobs` reports) and the
+/// most likely tokens' at that step, most likely first.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TokenLogprob {
+    pub id: u32,
+    pub logprob: f32,
+    pub top: Vec<(u32, f32)>,
+}
+
+/// The log-probability of `id` under `logits`, and the `top` most likely tokens' (ties
+/// in id order), computed in f64.
+pub fn logprobs(logits: &[f32], id: u32, top: usize) -> TokenLogprob {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
+    let log_z = max + sum.ln();
+    let logprob = |i: usize| (logits[i] as f64 - log_z) as f32;
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    let top = top.min(order.len());
+    let by_logit = |a: &u32, b: &u32| {
+        logits[*b as usize]
+            .total_cmp(&logits[*a as usize])
+            .then(a.cmp(b))
+    };
+    if top > 0 {
+        order.select_nth_unstable_by(top - 1, by_logit);
+    }
+    order.truncate(top);
+    order.sort_by(by_logit);
+    TokenLogprob {
+        id,
+        logprob: logprob(id as usize),
+        top: order
+            .into_iter()
+            .map(|i| (i, logprob(i as usize)))
+            .collect(),
+    }
+}
+
 fn apply_repeat_penalty(logits: &mut [f32], history: &[u32], penalty: f32, window: usize) {
     let start = history.len().saturating_sub(window);
     let mut seen = std::collections::HashSet::new();
@@ -174,6 +213,19 @@ fn apply_repeat_penalty(logits: &mut [f32], history: &[u32], penalty: f32, windo
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn logprobs_are_the_log_softmax_and_its_top() {
+        let logits = [1.0f32, 3.0, 2.0, 3.0, -1.0];
+        let z: f64 = logits.iter().map(|&x| (x as f64).exp()).sum();
+        let got = logprobs(&logits, 2, 3);
+        assert!((got.logprob as f64 - (2.0 - z.ln())).abs() < 1e-6);
+        let ids: Vec<u32> = got.top.iter().map(|&(id, _)| id).collect();
+        assert_eq!(ids, [1, 3, 2], "most likely first, ties by id");
+        assert!((got.top[0].1 as f64 - (3.0 - z.ln())).abs() < 1e-6);
+        assert!(logprobs(&logits, 0, 0).top.is_empty());
+        assert_eq!(logprobs(&logits, 0, 9).top.len(), 5);
+    }
+
     use super::defaults::*;
     use super::*;
 

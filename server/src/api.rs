@@ -24,6 +24,9 @@ pub struct Request {
     pub stream: bool,
     pub include_usage: bool,
     pub model: Option<String>,
+    /// Each generated token's log-probability, with this many alternatives: chat's
+    /// `logprobs` and `top_logprobs`, completions' `logprobs`.
+    pub logprobs: Option<usize>,
 }
 
 /// The prompt: a conversation for the chat template, or plain text.
@@ -90,12 +93,30 @@ pub fn chat(body: &[u8]) -> Result<Request, ApiError> {
             "response_format other than {\"type\": \"text\"} is not supported",
         ));
     }
+    let logprobs = take(&mut fields, "logprobs")?.unwrap_or(false);
+    let top: Option<usize> = take(&mut fields, "top_logprobs")?;
+    let logprobs = match (logprobs, top) {
+        (_, Some(top)) if top > 20 => {
+            return Err(ApiError::invalid_field(
+                "top_logprobs",
+                "top_logprobs must be in [0, 20]",
+            ));
+        }
+        (false, Some(_)) => {
+            return Err(ApiError::invalid_field(
+                "top_logprobs",
+                "top_logprobs needs logprobs: true",
+            ));
+        }
+        (true, top) => Some(top.unwrap_or(0)),
+        (false, None) => None,
+    };
     for field in ["tools", "tool_choice", "functions", "function_call"] {
         if take::<Value>(&mut fields, field)?.is_some_and(|v| !v.is_null()) {
             return Err(unsupported(field));
         }
     }
-    common(fields, Prompt::Chat(messages), max_tokens)
+    common(fields, Prompt::Chat(messages), max_tokens, logprobs)
 }
 
 /// Parses a `/v1/completions` body.
@@ -121,7 +142,14 @@ pub fn completion(body: &[u8]) -> Result<Request, ApiError> {
         }
     }
     let max_tokens = take(&mut fields, "max_tokens")?;
-    common(fields, Prompt::Text(prompt), max_tokens)
+    let logprobs: Option<usize> = take(&mut fields, "logprobs")?;
+    if logprobs.is_some_and(|n| n > 5) {
+        return Err(ApiError::invalid_field(
+            "logprobs",
+            "logprobs must be in [0, 5]",
+        ));
+    }
+    common(fields, Prompt::Text(prompt), max_tokens, logprobs)
 }
 
 /// The fields both endpoints share; refuses any left over.
@@ -129,6 +157,7 @@ fn common(
     mut fields: Map<String, Value>,
     prompt: Prompt,
     max_tokens: Option<usize>,
+    logprobs: Option<usize>,
 ) -> Result<Request, ApiError> {
     let model = take(&mut fields, "model")?;
     let stream = take(&mut fields, "stream")?.unwrap_or(false);
@@ -147,12 +176,10 @@ fn common(
             "n other than 1 is not supported",
         ));
     }
-    for field in ["logprobs", "top_logprobs", "logit_bias"] {
-        if take::<Value>(&mut fields, field)?.is_some_and(|v| {
-            !(v.is_null() || v == false || v == 0 || v == Value::Object(Map::new()))
-        }) {
-            return Err(unsupported(field));
-        }
+    if take::<Value>(&mut fields, "logit_bias")?
+        .is_some_and(|v| !(v.is_null() || v == Value::Object(Map::new())))
+    {
+        return Err(unsupported("logit_bias"));
     }
     for field in ["frequency_penalty", "presence_penalty"] {
         if take::<f64>(&mut fields, field)?.is_some_and(|v| v != 0.0) {
@@ -200,6 +227,7 @@ fn common(
         stream,
         include_usage,
         model,
+        logprobs,
     })
 }
 
@@ -305,8 +333,12 @@ mod tests {
                 "tools",
             ),
             (
-                r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true}"#,
-                "logprobs",
+                r#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#,
+                "top_logprobs needs logprobs",
+            ),
+            (
+                r#"{"messages":[{"role":"user","content":"x"}],"logprobs":true,"top_logprobs":21}"#,
+                "top_logprobs must be in [0, 20]",
             ),
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"colour":1}"#,

@@ -21,6 +21,7 @@ use std::time::Instant;
 use runtime::backend::KernelBackend;
 use runtime::cache::KvCache;
 use runtime::generate::{GenerateOptions, Generator, Sequence, StopReason, common_prefix};
+use runtime::sampling::TokenLogprob;
 use runtime::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
@@ -34,6 +35,8 @@ const PREFILL_PIECE: usize = 128;
 pub struct Job {
     pub prompt: Vec<u32>,
     pub options: GenerateOptions,
+    /// Each generated token's log-probability, with this many alternatives.
+    pub logprobs: Option<usize>,
     pub events: UnboundedSender<Event>,
 }
 
@@ -42,6 +45,9 @@ pub struct Job {
 pub enum Event {
     /// Generated text, complete characters, never part of a stop string.
     Text(String),
+    /// The log-probabilities of tokens just generated (before their text, which a stop
+    /// string may hold back).
+    Logprobs(Vec<Logprob>),
     Done {
         reason: StopReason,
         prompt_tokens: usize,
@@ -50,6 +56,15 @@ pub enum Event {
         completion_tokens: usize,
     },
     Failed(String),
+}
+
+/// A generated token's log-probability and the most likely tokens' at its step, each with
+/// its text (a token that is part of a character shows U+FFFD).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Logprob {
+    pub token: String,
+    pub logprob: f32,
+    pub top: Vec<(String, f32)>,
 }
 
 /// Counters for `/metrics`, shared with the HTTP side.
@@ -120,7 +135,10 @@ impl<B: KernelBackend> Engine<B> {
                         .map(|c| (c, Vec::new())),
                 };
                 match (self.generator).admit(&self.tokenizer, reuse, &job.prompt, job.options) {
-                    Ok(sequence) => {
+                    Ok(mut sequence) => {
+                        if let Some(top) = job.logprobs {
+                            sequence.record_logprobs(top);
+                        }
                         metrics.running.fetch_add(1, Ordering::Relaxed);
                         prefilling.push_back((sequence, job.events));
                     }
@@ -188,6 +206,11 @@ impl<B: KernelBackend> Engine<B> {
             add_busy(metrics, started);
             // From the last, so that swap_remove moves only sequences already seen.
             for (i, (result, text)) in results.into_iter().zip(texts).enumerate().rev() {
+                let logprobs = running[i].0.take_logprobs();
+                if !logprobs.is_empty() {
+                    let logprobs = logprobs.iter().map(|l| self.logprob(l)).collect();
+                    let _ = running[i].1.send(Event::Logprobs(logprobs));
+                }
                 if !text.is_empty() {
                     let _ = running[i].1.send(Event::Text(text));
                 }
@@ -200,6 +223,16 @@ impl<B: KernelBackend> Engine<B> {
                 let busy = running.len() + prefilling.len();
                 self.retire(sequence, events, outcome, busy, &mut kept, metrics);
             }
+        }
+    }
+
+    /// `logprob` with its tokens' text.
+    fn logprob(&self, logprob: &TokenLogprob) -> Logprob {
+        let text = |id: u32| self.tokenizer.decode(&[id]).unwrap_or_default();
+        Logprob {
+            token: text(logprob.id),
+            logprob: logprob.logprob,
+            top: logprob.top.iter().map(|&(id, lp)| (text(id), lp)).collect(),
         }
     }
 

@@ -22,7 +22,7 @@ use tokio::sync::mpsc as async_mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use crate::api::{self, Prompt, Request};
-use crate::engine::{Event, Job, Metrics};
+use crate::engine::{Event, Job, Logprob, Metrics};
 use crate::error::ApiError;
 use crate::{Loaded, Options};
 
@@ -138,6 +138,10 @@ async fn respond(state: State, body: Result<Bytes, BytesRejection>, kind: Kind) 
     match start(&state, body, kind).await {
         Ok((request, events)) => {
             let reply = Reply::new(&state, kind, request.model.clone());
+            let reply = Reply {
+                logprobs: request.logprobs.is_some(),
+                ..reply
+            };
             if request.stream {
                 reply.stream(events, request.include_usage).into_response()
             } else {
@@ -206,6 +210,7 @@ async fn start(
     let job = Job {
         prompt: ids,
         options,
+        logprobs: request.logprobs,
         events,
     };
     if state.jobs.send(job).is_err() {
@@ -224,6 +229,8 @@ struct Reply {
     id: String,
     created: u64,
     model: String,
+    /// Whether the request asked for log-probabilities (else `logprobs` is null).
+    logprobs: bool,
 }
 
 impl Reply {
@@ -240,6 +247,7 @@ impl Reply {
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_secs()),
             model: model.unwrap_or_else(|| state.options.model.clone()),
+            logprobs: false,
         }
     }
 
@@ -251,21 +259,24 @@ impl Reply {
         }
     }
 
-    /// One choice: the whole text, or a streamed delta.
+    /// One choice: the whole text, or a streamed delta, with the log-probabilities of its
+    /// tokens if the request asked for them.
     fn choice(
         &self,
         text: Option<&str>,
         first: bool,
         finish: Option<StopReason>,
         chunk: bool,
+        logprobs: &[Logprob],
     ) -> Value {
         let finish_reason = finish.map(|reason| match reason {
             StopReason::Eos | StopReason::Stop => "stop",
             StopReason::Length => "length",
         });
+        let logprobs = self.logprobs_value(logprobs);
         match (self.kind, chunk) {
             (Kind::Chat, false) => json!({
-                "index": 0, "logprobs": null, "finish_reason": finish_reason,
+                "index": 0, "logprobs": logprobs, "finish_reason": finish_reason,
                 "message": {"role": "assistant", "content": text.unwrap_or_default()},
             }),
             (Kind::Chat, true) => {
@@ -276,12 +287,51 @@ impl Reply {
                 if let Some(text) = text {
                     delta.insert("content".into(), text.into());
                 }
-                json!({"index": 0, "logprobs": null, "finish_reason": finish_reason, "delta": delta})
+                json!({"index": 0, "logprobs": logprobs, "finish_reason": finish_reason, "delta": delta})
             }
             (Kind::Completion, _) => json!({
-                "index": 0, "logprobs": null, "finish_reason": finish_reason,
+                "index": 0, "logprobs": logprobs, "finish_reason": finish_reason,
                 "text": text.unwrap_or_default(),
             }),
+        }
+    }
+
+    /// OpenAI's `logprobs` object: chat's `content` list (token, logprob, bytes,
+    /// top_logprobs), or the completions API's parallel lists. Null if not asked for.
+    fn logprobs_value(&self, logprobs: &[Logprob]) -> Value {
+        if !self.logprobs {
+            return Value::Null;
+        }
+        let entry = |token: &str, logprob: f32| json!({"token": token, "logprob": logprob, "bytes": token.as_bytes()});
+        match self.kind {
+            Kind::Chat => {
+                let content: Vec<Value> = logprobs
+                    .iter()
+                    .map(|l| {
+                        let mut value = entry(&l.token, l.logprob);
+                        let top: Vec<Value> = l.top.iter().map(|(t, lp)| entry(t, *lp)).collect();
+                        value["top_logprobs"] = top.into();
+                        value
+                    })
+                    .collect();
+                json!({"content": content})
+            }
+            Kind::Completion => {
+                let mut offset = 0;
+                let mut offsets = Vec::new();
+                for l in logprobs {
+                    offsets.push(offset);
+                    offset += l.token.len();
+                }
+                json!({
+                    "tokens": logprobs.iter().map(|l| l.token.as_str()).collect::<Vec<_>>(),
+                    "token_logprobs": logprobs.iter().map(|l| l.logprob).collect::<Vec<_>>(),
+                    "top_logprobs": logprobs.iter().map(|l| {
+                        l.top.iter().map(|(t, lp)| (t.clone(), json!(lp))).collect::<serde_json::Map<_, _>>()
+                    }).collect::<Vec<_>>(),
+                    "text_offset": offsets,
+                })
+            }
         }
     }
 
@@ -299,16 +349,18 @@ impl Reply {
     /// The whole answer as one JSON response.
     async fn whole(self, mut events: async_mpsc::UnboundedReceiver<Event>) -> Response {
         let mut text = String::new();
+        let mut logprobs = Vec::new();
         while let Some(event) = events.recv().await {
             match event {
                 Event::Text(piece) => text.push_str(&piece),
+                Event::Logprobs(more) => logprobs.extend(more),
                 Event::Done {
                     reason,
                     prompt_tokens,
                     cached_tokens,
                     completion_tokens,
                 } => {
-                    let choice = self.choice(Some(&text), false, Some(reason), false);
+                    let choice = self.choice(Some(&text), false, Some(reason), false, &logprobs);
                     let usage = usage(prompt_tokens, cached_tokens, completion_tokens);
                     return Json(self.envelope(vec![choice], Some(usage), false)).into_response();
                 }
@@ -332,7 +384,14 @@ impl Reply {
             while let Some(event) = events.recv().await {
                 let sent = match event {
                     Event::Text(piece) => {
-                        let choice = self.choice(Some(&piece), first, None, true);
+                        let choice = self.choice(Some(&piece), first, None, true, &[]);
+                        first = false;
+                        send(self.envelope(vec![choice], None, true))
+                    }
+                    Event::Logprobs(logprobs) => {
+                        // A chunk of its own: its tokens' text may come later (a stop
+                        // string's possible start is held back) or never.
+                        let choice = self.choice(None, first, None, true, &logprobs);
                         first = false;
                         send(self.envelope(vec![choice], None, true))
                     }
@@ -342,7 +401,7 @@ impl Reply {
                         cached_tokens,
                         completion_tokens,
                     } => {
-                        let choice = self.choice(None, first, Some(reason), true);
+                        let choice = self.choice(None, first, Some(reason), true, &[]);
                         let _ = send(self.envelope(vec![choice], None, true));
                         if include_usage {
                             let usage = usage(prompt_tokens, cached_tokens, completion_tokens);

@@ -6,8 +6,9 @@
 //!
 //! `--streams 1,2,4,8` measures batched decoding instead: that many sequences, each after
 //! its own 16-token prompt, decoded together for 128 steps (`Generator::step_each`, what
-//! `runtime serve --parallel` runs), as aggregate tok/s; with `--gguf`, llama.cpp's batched
-//! decode of as many sequences (scripts/llamacpp_batched.py) in turn with ours.
+//! `runtime serve --parallel` runs), as aggregate tok/s, and the time to first token of
+//! that many requests arriving at once; with `--gguf`, llama.cpp's batched decode of as many
+//! sequences (scripts/llamacpp_batched.py) in turn with ours.
 //!
 //! Each run is a fresh child process (this binary with `--child`), so load time and peak
 //! RSS are those of a real process from start to model ready. `--gguf` adds llama.cpp on
@@ -124,6 +125,8 @@ const STREAM_STEPS: usize = 128;
 struct StreamSample {
     streams: usize,
     aggregate_tok_s: f64,
+    /// Mean time from the requests' arrival (all at once) to each one's first logits.
+    ttft_s: f64,
 }
 
 /// `--streams`: for each count, that many sequences after their own 16-token prompt (the
@@ -136,11 +139,16 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
     generator.kv_dtype = cli.kv_cache;
     let mut samples = Vec::new();
     for &n in &cli.streams {
+        // The prompts one after another, as `runtime serve` prefills them: each one's first
+        // logits come when its own prefill ends.
+        let arrived = Instant::now();
+        let mut ttft_s = 0.0;
         let mut caches = (0..n)
             .map(|s| {
                 let prompt: Vec<u32> = tokens(16).iter().map(|&t| t + s as u32).collect();
                 let mut cache = generator.new_cache(16 + STREAM_STEPS)?;
                 generator.forward_logits(&prompt, &mut cache, false)?;
+                ttft_s += arrived.elapsed().as_secs_f64() / n as f64;
                 Ok(cache)
             })
             .collect::<Result<Vec<_>>>()?;
@@ -155,6 +163,7 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
         samples.push(StreamSample {
             streams: n,
             aggregate_tok_s: (n * STREAM_STEPS) as f64 / t.elapsed().as_secs_f64(),
+            ttft_s,
         });
     }
     Ok(samples)
@@ -188,38 +197,36 @@ fn parent_streams(cli: &Cli) -> Result<()> {
             }
         }
     }
-    println!("| engine | threads | streams | aggregate tok/s | per stream tok/s | x 1 stream |");
-    println!("|---|---|---|---|---|---|");
+    println!(
+        "| engine | threads | streams | aggregate tok/s | per stream tok/s | x 1 stream | TTFT ms |"
+    );
+    println!("|---|---|---|---|---|---|---|");
     let mut json_lines = Vec::new();
     for (engine, samples) in engines.iter().zip(&samples) {
         let name = engine.name();
         let samples = match samples {
             Ok(samples) => samples,
             Err(e) => {
-                println!("| {name} | {threads} | {e} | | | |");
+                println!("| {name} | {threads} | {e} | | | | |");
                 continue;
             }
         };
-        let aggregate = |n: usize| {
-            median(
-                samples
-                    .iter()
-                    .filter(|s| s.streams == n)
-                    .map(|s| s.aggregate_tok_s)
-                    .collect(),
-            )
+        let med = |n: usize, f: fn(&StreamSample) -> f64| {
+            median(samples.iter().filter(|s| s.streams == n).map(f).collect())
         };
+        let aggregate = |n: usize| med(n, |s| s.aggregate_tok_s);
         let one = cli.streams.contains(&1).then(|| aggregate(1));
         for &n in &cli.streams {
             let total = aggregate(n);
             let ratio = one.map_or("-".to_string(), |one| format!("{:.2}", total / one));
+            let ttft_ms = 1e3 * med(n, |s| s.ttft_s);
             println!(
-                "| {name} | {threads} | {n} | {total:.1} | {:.1} | {ratio} |",
+                "| {name} | {threads} | {n} | {total:.1} | {:.1} | {ratio} | {ttft_ms:.0} |",
                 total / n as f64
             );
             json_lines.push(serde_json::json!({
                 "engine": name, "threads": threads, "runs": cli.runs, "streams": n,
-                "aggregate_tok_s": total, "weights": cli.weights.to_string(),
+                "aggregate_tok_s": total, "ttft_ms": ttft_ms, "weights": cli.weights.to_string(),
                 "kv_cache": cli.kv_cache.to_string(),
             }));
         }

@@ -46,9 +46,10 @@ macro_rules! with_stored {
     };
 }
 
-/// Sequences up to which a product of one token of each runs on the matrix-vector kernels
-/// (one pass over the weight for all the rows, each row summed as alone) rather than gemm:
-/// decoding that many sequences together (`Llama::decode_each`). A prompt's rows go to gemm.
+/// Input rows up to which a product runs on the matrix-vector kernels (one pass over the
+/// weight for all the rows, each row summed as alone) rather than gemm: decoding that many
+/// sequences together (`Llama::decode_each`), or a short prompt, which gemm would first
+/// need every bf16 weight widened to f32 for (a copy of all the weights per call).
 pub const MATVEC_ROWS: usize = 16;
 
 impl KernelBackend for FlexBackend {
@@ -317,7 +318,7 @@ impl KernelBackend for FlexBackend {
             let x = flex(x).to_contiguous();
             let x: &[f32] = x.storage();
             let d_in = x.len() / (batch * seq).max(1);
-            let outs: Vec<Vec<f32>> = if seq == 1 && batch <= MATVEC_ROWS {
+            let outs: Vec<Vec<f32>> = if batch * seq <= MATVEC_ROWS {
                 matvec::matvecs(&rows, x, d_in)
             } else {
                 rows.iter()

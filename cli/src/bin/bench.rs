@@ -179,24 +179,17 @@ fn parent_streams(cli: &Cli) -> Result<()> {
     let engines: Vec<Engine> = (cli.backends.iter().map(|b| Engine::Ours(b.name())))
         .chain(cli.gguf.iter().map(Engine::LlamaCpp))
         .collect();
-    let mut samples: Vec<Result<Vec<StreamSample>, String>> =
-        engines.iter().map(|_| Ok(vec![])).collect();
-    for _ in 0..cli.runs {
-        for (engine, samples) in engines.iter().zip(&mut samples) {
-            let Ok(done) = samples else { continue };
-            let run = match engine {
-                Engine::Ours(backend) => child_streams(cli, backend, threads),
-                Engine::LlamaCpp(gguf) => (cli.streams.iter())
-                    .map(|&n| llama_cpp_batched(cli, gguf, threads, n))
-                    .collect(),
-            };
-            match run {
-                Ok(run) => done.extend(run),
-                Err(e) if matches!(engine, Engine::LlamaCpp(_)) => *samples = Err(e.to_string()),
-                Err(e) => return Err(e),
-            }
-        }
-    }
+    let samples = alternate(
+        cli.runs,
+        &engines,
+        |engine| engine,
+        |engine| match engine {
+            Engine::Ours(backend) => child_streams(cli, backend, threads),
+            Engine::LlamaCpp(gguf) => (cli.streams.iter())
+                .map(|&n| llama_cpp_batched(cli, gguf, threads, n))
+                .collect(),
+        },
+    )?;
     println!(
         "| engine | threads | streams | aggregate tok/s | per stream tok/s | x 1 stream | TTFT ms |"
     );
@@ -407,22 +400,12 @@ fn parent(cli: &Cli) -> Result<()> {
     let configs: Vec<(Engine, usize)> = engines
         .flat_map(|engine| thread_counts.iter().map(move |&t| (engine.clone(), t)))
         .collect();
-    // Run by run, every configuration in turn: on a shared machine the load drifts over
-    // minutes, and alternating spreads the drift over all of them alike.
-    // A llama.cpp run that fails (its build may not take a GGUF) leaves its row empty, with
-    // the reason, and the others go on; a run of ours that fails ends the bench.
-    let mut samples: Vec<Result<Vec<Sample>, String>> =
-        configs.iter().map(|_| Ok(vec![])).collect();
-    for _ in 0..cli.runs {
-        for ((engine, threads), samples) in configs.iter().zip(&mut samples) {
-            let Ok(done) = samples else { continue };
-            match engine.sample(cli, *threads) {
-                Ok(sample) => done.push(sample),
-                Err(e) if matches!(engine, Engine::LlamaCpp(_)) => *samples = Err(e.to_string()),
-                Err(e) => return Err(e),
-            }
-        }
-    }
+    let samples = alternate(
+        cli.runs,
+        &configs,
+        |(engine, _)| engine,
+        |(engine, threads)| Ok(vec![engine.sample(cli, *threads)?]),
+    )?;
     println!(
         "| engine | threads | load s | pp128 tok/s | pp512 tok/s | {tg} tok/s | tg % of bound | peak RSS MB |"
     );
@@ -469,6 +452,32 @@ fn parent(cli: &Cli) -> Result<()> {
         println!("{line}");
     }
     Ok(())
+}
+
+/// `runs` runs of every configuration's `sample`, run by run in turn: on a shared machine
+/// the load drifts over minutes, and alternating spreads the drift over all of them alike.
+/// A llama.cpp run that fails (its build may not take a GGUF) leaves its row empty, with
+/// the reason, and the others go on; a run of ours that fails ends the bench.
+fn alternate<'a, C, T>(
+    runs: usize,
+    configs: &'a [C],
+    engine: impl Fn(&'a C) -> &'a Engine<'a>,
+    mut sample: impl FnMut(&'a C) -> Result<Vec<T>>,
+) -> Result<Vec<Result<Vec<T>, String>>> {
+    let mut samples: Vec<Result<Vec<T>, String>> = configs.iter().map(|_| Ok(vec![])).collect();
+    for _ in 0..runs {
+        for (config, samples) in configs.iter().zip(&mut samples) {
+            let Ok(done) = samples else { continue };
+            match sample(config) {
+                Ok(run) => done.extend(run),
+                Err(e) if matches!(engine(config), Engine::LlamaCpp(_)) => {
+                    *samples = Err(e.to_string())
+                }
+                Err(e) => return Err(e),
+            }
+        }
+    }
+    Ok(samples)
 }
 
 /// One llama.cpp run on `gguf` through scripts/llamacpp_bench.py (llama-cpp-python).

@@ -184,9 +184,20 @@ fn parent_streams(cli: &Cli) -> Result<()> {
         &engines,
         |engine| engine,
         |engine| match engine {
-            Engine::Ours(backend) => child_streams(cli, backend, threads),
+            Engine::Ours(backend) => {
+                let streams: Vec<String> = cli.streams.iter().map(usize::to_string).collect();
+                child(
+                    cli,
+                    backend,
+                    threads,
+                    &["--streams".into(), streams.join(",")],
+                )
+            }
             Engine::LlamaCpp(gguf) => (cli.streams.iter())
-                .map(|&n| llama_cpp_batched(cli, gguf, threads, n))
+                .map(|&n| {
+                    let args = [threads, n, STREAM_STEPS];
+                    llama_cpp::<StreamSample>(cli, "llamacpp_batched.py", gguf, &args)
+                })
                 .collect(),
         },
     )?;
@@ -228,57 +239,6 @@ fn parent_streams(cli: &Cli) -> Result<()> {
         println!("{line}");
     }
     Ok(())
-}
-
-fn child_streams(cli: &Cli, backend: &str, threads: usize) -> Result<Vec<StreamSample>> {
-    let streams: Vec<String> = cli.streams.iter().map(usize::to_string).collect();
-    let out = Command::new(std::env::current_exe()?)
-        .args(["--child", "--backends", backend])
-        .arg("--artifacts")
-        .arg(&cli.artifacts)
-        .args([
-            "--threads",
-            &threads.to_string(),
-            "--streams",
-            &streams.join(","),
-        ])
-        .args(["--weights", &cli.weights.to_string()])
-        .args(["--kv-cache", &cli.kv_cache.to_string()])
-        .output()?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let message = stderr.lines().next().unwrap_or("no message");
-        bail!(
-            "{backend} run failed: {}",
-            message.trim_start_matches("Error: ")
-        );
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
-}
-
-/// One llama.cpp batched run of `streams` sequences through scripts/llamacpp_batched.py.
-fn llama_cpp_batched(
-    cli: &Cli,
-    gguf: &PathBuf,
-    threads: usize,
-    streams: usize,
-) -> Result<StreamSample> {
-    let script = concat!(
-        env!("CARGO_MANIFEST_DIR"),
-        "/../scripts/llamacpp_batched.py"
-    );
-    let out = Command::new(&cli.python)
-        .arg(script)
-        .arg(gguf)
-        .args([threads, streams, STREAM_STEPS].map(|n| n.to_string()))
-        .output()
-        .with_context(|| format!("cannot run {}", cli.python.display()))?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let message = stderr.lines().last().unwrap_or("no message");
-        bail!("failed ({}): {message}", out.status);
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
 }
 
 /// Fixed, vocabulary-spread token ids (as ../shared/tools/llamacpp_bench.py uses).
@@ -376,8 +336,15 @@ impl Engine<'_> {
 
     fn sample(&self, cli: &Cli, threads: usize) -> Result<Sample> {
         match self {
-            Engine::Ours(backend) => child(cli, backend, threads),
-            Engine::LlamaCpp(gguf) => llama_cpp(cli, gguf, threads),
+            Engine::Ours(backend) => child(
+                cli,
+                backend,
+                threads,
+                &["--depth".into(), cli.depth.to_string()],
+            ),
+            Engine::LlamaCpp(gguf) => {
+                llama_cpp(cli, "llamacpp_bench.py", gguf, &[threads, cli.depth])
+            }
         }
     }
 }
@@ -480,39 +447,21 @@ fn alternate<'a, C, T>(
     Ok(samples)
 }
 
-/// One llama.cpp run on `gguf` through scripts/llamacpp_bench.py (llama-cpp-python).
-fn llama_cpp(cli: &Cli, gguf: &PathBuf, threads: usize) -> Result<Sample> {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/../scripts/llamacpp_bench.py");
-    let out = Command::new(&cli.python)
-        .arg(script)
-        .arg(gguf)
-        .arg(threads.to_string())
-        .arg(cli.depth.to_string())
-        .output()
-        .with_context(|| format!("cannot run {}", cli.python.display()))?;
-    if !out.status.success() {
-        let stderr = String::from_utf8_lossy(&out.stderr);
-        let message = stderr.lines().last().unwrap_or("no message");
-        bail!("failed ({}): {message}", out.status);
-    }
-    Ok(serde_json::from_slice(&out.stdout)?)
-}
-
-fn child(cli: &Cli, backend: &str, threads: usize) -> Result<Sample> {
+/// One run of ours: this binary as a child (`--child`) with `extra` arguments.
+fn child<T: serde::de::DeserializeOwned>(
+    cli: &Cli,
+    backend: &str,
+    threads: usize,
+    extra: &[String],
+) -> Result<T> {
     let out = Command::new(std::env::current_exe()?)
-        .arg("--child")
+        .args(["--child", "--backends", backend])
         .arg("--artifacts")
         .arg(&cli.artifacts)
-        .arg("--backends")
-        .arg(backend)
-        .arg("--threads")
-        .arg(threads.to_string())
-        .arg("--depth")
-        .arg(cli.depth.to_string())
-        .arg("--weights")
-        .arg(cli.weights.to_string())
-        .arg("--kv-cache")
-        .arg(cli.kv_cache.to_string())
+        .args(["--threads", &threads.to_string()])
+        .args(["--weights", &cli.weights.to_string()])
+        .args(["--kv-cache", &cli.kv_cache.to_string()])
+        .args(extra)
         .output()?;
     if !out.status.success() {
         // The child's error line, without anyhow's "Error: " and any backtrace after it.
@@ -522,6 +471,30 @@ fn child(cli: &Cli, backend: &str, threads: usize) -> Result<Sample> {
             "{backend} run failed: {}",
             message.trim_start_matches("Error: ")
         );
+    }
+    Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// One llama.cpp run: `script` (in scripts/, llama-cpp-python) on `gguf` with `args`.
+fn llama_cpp<T: serde::de::DeserializeOwned>(
+    cli: &Cli,
+    script: &str,
+    gguf: &PathBuf,
+    args: &[usize],
+) -> Result<T> {
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../scripts")
+        .join(script);
+    let out = Command::new(&cli.python)
+        .arg(script)
+        .arg(gguf)
+        .args(args.iter().map(usize::to_string))
+        .output()
+        .with_context(|| format!("cannot run {}", cli.python.display()))?;
+    if !out.status.success() {
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        let message = stderr.lines().last().unwrap_or("no message");
+        bail!("failed ({}): {message}", out.status);
     }
     Ok(serde_json::from_slice(&out.stdout)?)
 }

@@ -1,10 +1,13 @@
 //! Vectorized element-wise math for the fused kernels: an `exp` the compiler can vectorize
 //! (libm's `expf` is a scalar call per element) and row reductions in independent lanes.
 //!
-//! Nothing here is written with intrinsics. The loops are plain Rust shaped so LLVM
-//! vectorizes them (branch-free bodies, `LANES` independent accumulators), and each public
-//! kernel is compiled twice, as built and with AVX-512, and picks one at run time, so the
-//! same binary runs on any x86-64 and uses 16-wide registers where they exist.
+//! The loops are plain Rust shaped so LLVM vectorizes them (branch-free bodies, `LANES`
+//! independent accumulators), and each public kernel is compiled three times, as built,
+//! with AVX2 and FMA, and with AVX-512, and picks one at run time, so the same binary runs
+//! on any x86-64 and uses 16-wide registers where they exist. One exception: the products
+//! of several vectors at once (`dot4_x4`, `dot2_x8`, a batch of decoded tokens) are written
+//! with AVX-512 intrinsics, because LLVM kept their sixteen sums on the stack however the
+//! plain loops were written; their plain versions, the same arithmetic, run elsewhere.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -147,6 +150,9 @@ pub fn matvec_bundle_count(rows: usize) -> usize {
 /// f32 value). A product over bf16 weights is bit-identical to one over the f32 values they
 /// stand for: the same multiplies and adds in the same order, only half the bytes read.
 pub trait Stored: Copy + Send + Sync + 'static {
+    /// Whether this is bf16 (the high half of an f32), which the intrinsics widen by a shift.
+    const BF16: bool = false;
+
     fn widen(self) -> f32;
     /// The nearest stored value to `x` (ties to even), as PyTorch's and llama.cpp's
     /// conversions round.
@@ -165,6 +171,8 @@ impl Stored for f32 {
 }
 
 impl Stored for half::bf16 {
+    const BF16: bool = true;
+
     #[inline(always)]
     fn widen(self) -> f32 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
@@ -327,18 +335,13 @@ mod avx512 {
             } else {
                 // The two 16-bit types: bf16 is the high half of its f32; f16 converts.
                 let half = _mm256_loadu_si256(p.cast());
-                if is_bf16::<W>() {
+                if W::BF16 {
                     _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(half), 16))
                 } else {
                     _mm512_cvtph_ps(half)
                 }
             }
         }
-    }
-
-    /// Whether `W` is bf16: 1 + 2^-8 rounds to 1 in bf16 (8 significant bits), not in f16.
-    fn is_bf16<W: Stored>() -> bool {
-        W::narrow(1.0 + 1.0 / 256.0).widen() == 1.0
     }
 
     /// See [`super::dot2_x8`]: `d_in` (a multiple of LANES) values from each pointer.

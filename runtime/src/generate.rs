@@ -43,6 +43,8 @@ pub enum GenerateError {
     TokenOutOfRange { id: u32, vocab_size: usize },
     #[error("{0}")]
     Backend(String),
+    #[error("a step before the sequence's prompt has all run (Generator::prefill)")]
+    NotPrefilled,
 }
 
 /// Why generation ended.
@@ -461,6 +463,9 @@ impl<B: KernelBackend> Generator<B> {
     ) -> Result<Option<u32>, GenerateError> {
         if s.stop_reason.is_some() {
             return Ok(None);
+        }
+        if s.cache.len() < s.prompt_tokens {
+            return Err(GenerateError::NotPrefilled);
         }
         let reason = 'step: {
             if s.tokens.len() == s.max_new_tokens {

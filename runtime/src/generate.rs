@@ -177,11 +177,7 @@ impl<B: KernelBackend> Generator<B> {
     ) -> Result<Vec<f32>, GenerateError> {
         // Checked for the whole input, so a long one fails before any work.
         cache.check_room(1, ids.len())?;
-        let vocab_size = self.config.vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            // An id past the embedding would index out of its bounds inside the backend.
-            return Err(GenerateError::TokenOutOfRange { id, vocab_size });
-        }
+        self.check_ids(ids)?;
         let mut out = Vec::new();
         let n_chunks = ids.len().div_ceil(PREFILL_CHUNK);
         for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
@@ -287,11 +283,7 @@ impl<B: KernelBackend> Generator<B> {
                 context,
             });
         }
-        let vocab_size = self.config.vocab_size;
-        if let Some(&id) = prompt.iter().find(|&&id| id as usize >= vocab_size) {
-            // An id past the embedding would index out of its bounds inside the backend.
-            return Err(GenerateError::TokenOutOfRange { id, vocab_size });
-        }
+        self.check_ids(prompt)?;
         let capacity = context.min(prompt.len() + options.max_new_tokens);
         let (cache, reused) = match reuse {
             Some((mut cache, ids)) if cache.capacity() >= capacity => {
@@ -431,10 +423,8 @@ impl<B: KernelBackend> Generator<B> {
         caches: &mut [&mut KvCache<B>],
     ) -> Result<Vec<f32>, GenerateError> {
         assert_eq!(ids.len(), caches.len(), "decode_each: one id per cache");
+        self.check_ids(ids)?;
         let vocab_size = self.config.vocab_size;
-        if let Some(&id) = ids.iter().find(|&&id| id as usize >= vocab_size) {
-            return Err(GenerateError::TokenOutOfRange { id, vocab_size });
-        }
         let mut out = Vec::with_capacity(ids.len() * vocab_size);
         for (ids, caches) in ids
             .chunks(B::DECODE_BATCH)
@@ -451,6 +441,16 @@ impl<B: KernelBackend> Generator<B> {
             );
         }
         Ok(out)
+    }
+
+    /// Fails unless every id is inside the vocabulary: an id past the embedding would index
+    /// out of its bounds inside the backend.
+    fn check_ids(&self, ids: &[u32]) -> Result<(), GenerateError> {
+        let vocab_size = self.config.vocab_size;
+        match ids.iter().find(|&&id| id as usize >= vocab_size) {
+            Some(&id) => Err(GenerateError::TokenOutOfRange { id, vocab_size }),
+            None => Ok(()),
+        }
     }
 
     /// The part of a step before the model: samples the sequence's next token and passes its

@@ -2,6 +2,7 @@
 //! streaming, timings.
 
 use std::path::Path;
+use std::sync::{Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Int, Tensor, TensorData};
@@ -13,6 +14,7 @@ use crate::cache::{CacheError, KvCache, KvDtype};
 use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::load::{Kept, Weights};
 use crate::model::Llama;
+use crate::rope::Rope;
 use crate::sampling::{Sampler, SamplingParams, TokenLogprob, logprobs};
 use crate::tokenizer::{TextStream, Tokenizer, TokenizerError};
 
@@ -107,6 +109,9 @@ pub struct Generator<B: KernelBackend> {
     pub kv_dtype: KvDtype,
     eos_ids: Vec<u32>,
     device: B::Device,
+    /// Rotary tables shared by the caches made here (the same whichever cache reads them),
+    /// grown to the largest capacity asked for: a server's caches don't each hold a copy.
+    rope: Mutex<Option<Rope<B>>>,
 }
 
 impl<B: KernelBackend> Generator<B> {
@@ -140,6 +145,7 @@ impl<B: KernelBackend> Generator<B> {
             kv_dtype: KvDtype::default(),
             eos_ids,
             device: device.clone(),
+            rope: Mutex::new(None),
         })
     }
 
@@ -147,9 +153,25 @@ impl<B: KernelBackend> Generator<B> {
         &self.eos_ids
     }
 
-    /// An empty KV cache for `capacity` positions.
+    /// An empty KV cache for `capacity` positions (its memory grows as they fill).
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache<B>, CacheError> {
-        KvCache::new(&self.config, 1, capacity, self.kv_dtype, &self.device)
+        let (config, dtype) = (&self.config, self.kv_dtype);
+        KvCache::<B>::check_memory(config, 1, capacity, dtype)?;
+        let mut rope = self.rope.lock().unwrap_or_else(PoisonError::into_inner);
+        let rope = match rope.as_ref() {
+            Some(rope) if rope.positions() >= capacity => rope.clone(),
+            _ => rope
+                .insert(Rope::new(config, capacity, &self.device))
+                .clone(),
+        };
+        Ok(KvCache::with_rope(
+            config,
+            1,
+            capacity,
+            dtype,
+            rope,
+            &self.device,
+        ))
     }
 
     /// Runs `ids` through the model after what `cache` holds, in chunks, and returns the
@@ -607,6 +629,11 @@ impl<B: KernelBackend> Sequence<'_, B> {
 
     pub fn prompt_tokens(&self) -> usize {
         self.prompt_tokens
+    }
+
+    /// Prompt tokens not run yet ([`Generator::prefill`] runs them).
+    pub fn prompt_left(&self) -> usize {
+        self.prompt_tokens.saturating_sub(self.cache.len())
     }
 
     /// Prompt tokens taken from a reused cache instead of run ([`Generator::start_from`]).

@@ -44,6 +44,11 @@ impl<B: Backend> Rope<B> {
         }
     }
 
+    /// How many positions the tables cover.
+    pub fn positions(&self) -> usize {
+        self.cos.dims()[0]
+    }
+
     /// The rows for positions `start..start + seq`.
     pub fn rows(&self, start: usize, seq: usize) -> RopeRows<B> {
         let rows = |t: &Tensor<B, 2>| t.clone().narrow(0, start, seq);

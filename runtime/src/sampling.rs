@@ -87,74 +87,126 @@ impl Sampler {
         if p.temperature == 0.0 {
             return argmax(logits);
         }
-        let candidates = candidates(logits, p);
-        let mut target = self.rng.random::<f32>();
-        for &(id, q) in &candidates {
+        let kept = filtered(logits, p);
+        // One uniform draw walked down the kept probabilities. A draw past their rounded
+        // sum lands on the last kept token: never on one the filters dropped.
+        let mut target = f64::from(self.rng.random::<f32>());
+        for &(id, q) in &kept {
             if target < q {
                 return id;
             }
             target -= q;
         }
-        candidates[candidates.len() - 1].0
+        kept[kept.len() - 1].0
     }
 }
 
 /// The tokens temperature sampling may pick, most likely first, each with its probability:
 /// `softmax(logits / temperature)`, cut to the `top_k` most likely, then to the smallest
 /// prefix whose probability reaches `top_p`, then to the tokens at least `min_p` times as
-/// likely as the first, and renormalised. Never empty. Needs `temperature > 0`.
+/// likely as the first, and renormalised. Never empty; every probability finite. Needs
+/// `temperature > 0`.
 pub fn candidates(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f32)> {
-    // Sorted by logit, most likely first (stable: ties keep id order).
-    let mut candidates: Vec<(u32, f32)> = logits
-        .iter()
-        .enumerate()
-        .map(|(id, &l)| (id as u32, l / params.temperature))
-        .collect();
-    candidates.sort_by(|a, b| b.1.total_cmp(&a.1));
-    if params.top_k > 0 {
-        candidates.truncate(params.top_k);
-    }
-    let max = candidates[0].1;
-    let mut probs: Vec<f32> = candidates.iter().map(|&(_, l)| (l - max).exp()).collect();
-    let total: f32 = probs.iter().sum();
-    probs.iter_mut().for_each(|q| *q /= total);
+    filtered(logits, params)
+        .into_iter()
+        .map(|(id, q)| (id, q as f32))
+        .collect()
+}
 
+/// [`candidates`] in f64, without the tokens whose probability is zero (which no draw can
+/// pick).
+///
+/// Computed as `exp((logit - max) / temperature)`, in f64: the difference is at most
+/// zero, so the weights lie in [0, 1] with the first exactly 1, and no temperature an f32
+/// can hold (subnormals included) or logit gap overflows. Dividing the logits first, in
+/// f32, is what made `temperature 1e-40` give `inf - inf`. Infinite logits (a repetition
+/// penalty can make them) are handled by the same rule: tokens equal to the maximum weigh
+/// 1, all others 0. A NaN logit counts as `-inf`.
+fn filtered(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
+    let order = ranked(logits, params.top_k);
+    let max = rank_key(logits[order[0] as usize]);
+    let temperature = f64::from(params.temperature);
+    let weights: Vec<f64> = order
+        .iter()
+        .map(|&id| {
+            let logit = rank_key(logits[id as usize]);
+            if logit == max {
+                1.0
+            } else {
+                ((f64::from(logit) - f64::from(max)) / temperature).exp()
+            }
+        })
+        .collect();
+    let total: f64 = weights.iter().sum();
+    let probs: Vec<f64> = weights.iter().map(|w| w / total).collect();
+    let keep = kept_prefix(&probs, params);
+    let total: f64 = probs[..keep].iter().sum();
+    order
+        .into_iter()
+        .zip(probs)
+        .take(keep)
+        .map(|(id, q)| (id, q / total))
+        .collect()
+}
+
+/// Token ids by logit, most likely first, ties in id order (what a stable sort gives), cut
+/// to the `top_k` first (0: all).
+fn ranked(logits: &[f32], top_k: usize) -> Vec<u32> {
+    let by_logit = |a: &u32, b: &u32| {
+        let (la, lb) = (rank_key(logits[*a as usize]), rank_key(logits[*b as usize]));
+        lb.partial_cmp(&la)
+            .unwrap_or(std::cmp::Ordering::Equal)
+            .then(a.cmp(b))
+    };
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    if top_k > 0 && top_k < order.len() {
+        // Only the first `top_k` need sorting: O(n) to find them.
+        order.select_nth_unstable_by(top_k - 1, by_logit);
+        order.truncate(top_k);
+    }
+    order.sort_unstable_by(by_logit);
+    order
+}
+
+/// A logit as ranked and weighed: NaN (a broken model's output) as the least likely.
+fn rank_key(logit: f32) -> f32 {
+    if logit.is_nan() {
+        f32::NEG_INFINITY
+    } else {
+        logit
+    }
+}
+
+/// How many of `probs` (sorted, most likely first, summing to 1) top-p and min-p keep, and
+/// of those the ones with a probability above zero; at least the first.
+fn kept_prefix(probs: &[f64], params: &SamplingParams) -> usize {
     let mut keep = probs.len();
     if params.top_p < 1.0 {
         let mut cumulative = 0.0;
         for (i, q) in probs.iter().enumerate() {
             cumulative += q;
-            if cumulative >= params.top_p {
+            if cumulative >= f64::from(params.top_p) {
                 keep = i + 1;
                 break;
             }
         }
     }
-    if params.min_p > 0.0 {
-        let floor = params.min_p * probs[0];
-        keep = keep.min(probs.iter().take_while(|&&q| q >= floor).count().max(1));
-    }
-    let total: f32 = probs[..keep].iter().sum();
-    candidates.truncate(keep);
-    for ((_, q), p) in candidates.iter_mut().zip(&probs) {
-        *q = p / total;
-    }
-    candidates
+    let floor = f64::from(params.min_p) * probs[0];
+    let above = |floor: f64| probs.iter().take_while(|&&q| q >= floor && q > 0.0).count();
+    keep.min(above(floor)).max(1)
 }
 
 /// Index of the largest logit; the first on ties, as `torch.argmax`.
 pub fn argmax(logits: &[f32]) -> u32 {
     let mut best = 0;
     for (i, &l) in logits.iter().enumerate() {
-        if l > logits[best] {
+        if rank_key(l) > rank_key(logits[best]) {
             best = i;
         }
     }
     best as u32
 }
 
-/// Divides positive logits and multiplies negative ones by `penalty` for every distinct
-/// token among the last `window` tokens (transformers' `RepetitionPenaltyLogitsProcessor`).
 /// A generated token's log-probability under the model (the log-softmax of its raw logits,
 /// before temperature, penalties or truncation, as OpenAI's `logprobs` reports) and the
 /// most likely tokens' at that step, most likely first.
@@ -194,6 +246,8 @@ pub fn logprobs(logits: &[f32], id: u32, top: usize) -> TokenLogprob {
     }
 }
 
+/// Divides positive logits and multiplies negative ones by `penalty` for every distinct
+/// token among the last `window` tokens (transformers' `RepetitionPenaltyLogitsProcessor`).
 fn apply_repeat_penalty(logits: &mut [f32], history: &[u32], penalty: f32, window: usize) {
     let start = history.len().saturating_sub(window);
     let mut seen = std::collections::HashSet::new();
@@ -461,6 +515,198 @@ mod tests {
                 "{params:?}: chi-squared {chi_squared:.1} over {} tokens, bound {bound:.1}",
                 kept
             );
+        }
+    }
+
+    /// Logits of one of the shapes a model or a penalty can give: spread at a random scale
+    /// (up to f32's largest), all tied, a few values repeated, extremes mixed with
+    /// subnormals, or some masked to `-inf`.
+    fn random_logits(rng: &mut StdRng) -> Vec<f32> {
+        let n = rng.random_range(1..160);
+        let scale = [1e-30, 1e-3, 1.0, 30.0, 1e10, 1e30, f32::MAX][rng.random_range(0..7)];
+        let spread = |rng: &mut StdRng| (rng.random::<f32>() * 2.0 - 1.0) * scale;
+        match rng.random_range(0..5) {
+            0 => (0..n).map(|_| spread(rng)).collect(),
+            1 => vec![spread(rng); n],
+            2 => {
+                let values = [spread(rng), spread(rng), spread(rng)];
+                (0..n).map(|_| values[rng.random_range(0..3)]).collect()
+            }
+            3 => {
+                let extremes = [f32::MAX, -f32::MAX, 0.0, 1e-45, -1e-45, f32::MIN_POSITIVE];
+                (0..n).map(|_| extremes[rng.random_range(0..6)]).collect()
+            }
+            _ => (0..n)
+                .map(|_| match rng.random_bool(0.3) {
+                    true => f32::NEG_INFINITY,
+                    false => spread(rng),
+                })
+                .collect(),
+        }
+    }
+
+    /// A positive f32 spread over f32's whole range, subnormals included.
+    fn log_uniform(rng: &mut StdRng) -> f32 {
+        10f64
+            .powf(rng.random_range(-45.0..38.5))
+            .clamp(1e-45, f32::MAX as f64) as f32
+    }
+
+    /// Valid sampling parameters, each often at an edge of its range.
+    fn random_params(rng: &mut StdRng, n: usize) -> SamplingParams {
+        let pick = |rng: &mut StdRng, edges: &[f32], random: f32| match rng
+            .random_range(0..edges.len() + 1)
+        {
+            i if i < edges.len() => edges[i],
+            _ => random,
+        };
+        let random = log_uniform(rng);
+        let temperature = pick(
+            rng,
+            &[1e-45, 1e-40, f32::MIN_POSITIVE, 0.8, f32::MAX],
+            random,
+        );
+        let unit = rng.random::<f32>().max(1e-45);
+        let top_p = pick(rng, &[1.0, 1e-45, 1e-30, 0.5], unit);
+        let unit = rng.random::<f32>();
+        let min_p = pick(rng, &[0.0, 1.0, 1e-45, 0.05], unit);
+        let random = log_uniform(rng);
+        let repeat_penalty = pick(rng, &[1.0, 1e-45, 1e-20, 1.3, 1e20, f32::MAX], random);
+        let top_k = [0, 1, 2, 40, rng.random_range(0..n + 3)][rng.random_range(0..5)];
+        SamplingParams {
+            temperature,
+            top_k,
+            top_p,
+            min_p,
+            repeat_penalty,
+            repeat_last_n: rng.random_range(0..8),
+            seed: rng.random(),
+        }
+    }
+
+    /// What every valid combination must give: a non-empty set of distinct tokens, most
+    /// likely first and never one below a token left out, within top-k, each with a finite
+    /// probability, summing to 1, none below min-p; and for finite logits the distribution
+    /// the filters define (`expected_distribution`, computed apart, in f64).
+    fn assert_well_formed(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f32)> {
+        let got = candidates(logits, params);
+        let context = || format!("{params:?} on {logits:?}: {got:?}");
+        assert!(!got.is_empty(), "{}", context());
+        if params.top_k > 0 {
+            assert!(got.len() <= params.top_k, "{}", context());
+        }
+        let mut ids: Vec<u32> = got.iter().map(|&(id, _)| id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), got.len(), "{}", context());
+        let logit = |id: u32| rank_key(logits[id as usize]);
+        assert!(
+            got.windows(2).all(|w| logit(w[0].0) >= logit(w[1].0)),
+            "{}",
+            context()
+        );
+        let lowest = logit(got[got.len() - 1].0);
+        let above = (0..logits.len() as u32).filter(|&id| logit(id) > lowest);
+        assert!(
+            above.count() < got.len(),
+            "a more likely token was dropped: {}",
+            context()
+        );
+        assert!(
+            got.iter().all(|&(_, q)| q.is_finite() && q >= 0.0),
+            "{}",
+            context()
+        );
+        let sum: f64 = got.iter().map(|&(_, q)| q as f64).sum();
+        assert!((sum - 1.0).abs() < 1e-5, "sums to {sum}: {}", context());
+        let floor = params.min_p as f64 * got[0].1 as f64;
+        assert!(
+            got[got.len() - 1].1 as f64 >= floor * (1.0 - 1e-6) - 1e-44,
+            "{}",
+            context()
+        );
+        if logits.iter().all(|l| l.is_finite()) {
+            let want = expected_distribution(logits, params);
+            let mut ours = vec![0.0; logits.len()];
+            got.iter().for_each(|&(id, q)| ours[id as usize] = q as f64);
+            for (id, (&ours, &want)) in ours.iter().zip(&want).enumerate() {
+                assert!(
+                    (ours - want).abs() < 1e-6,
+                    "token {id}: {ours} vs {want}: {}",
+                    context()
+                );
+            }
+        }
+        got
+    }
+
+    /// A seeded walk over the parameter space: temperatures from f32's smallest subnormal
+    /// to its largest value, every filter at its edges, penalties that push logits to
+    /// infinity, logits up to f32::MAX, tied, or masked. Each combination must give a
+    /// well-formed distribution, and the sampler only tokens in it.
+    #[test]
+    fn every_valid_parameter_combination_gives_a_finite_distribution() {
+        let mut rng = StdRng::seed_from_u64(25);
+        for _ in 0..4000 {
+            let logits = random_logits(&mut rng);
+            let params = random_params(&mut rng, logits.len());
+            params.validate().unwrap();
+            let history: Vec<u32> = (0..rng.random_range(0..12))
+                .map(|_| rng.random_range(0..logits.len() as u32 + 2))
+                .collect();
+            let mut penalised = logits.clone();
+            apply_repeat_penalty(
+                &mut penalised,
+                &history,
+                params.repeat_penalty,
+                params.repeat_last_n,
+            );
+            let kept = assert_well_formed(&penalised, &params);
+            let mut sampler = Sampler::new(params.clone());
+            for _ in 0..8 {
+                let id = sampler.sample(&mut logits.clone(), &history);
+                assert!(
+                    kept.iter().any(|&(k, _)| k == id),
+                    "{params:?}: {id} not in {kept:?}"
+                );
+            }
+        }
+    }
+
+    /// As the temperature goes to zero, sampling becomes greedy: with temperatures down to
+    /// f32's smallest subnormal, the most likely token is the only candidate (or the tied
+    /// most likely ones, equally likely), whatever the filters.
+    #[test]
+    fn a_tiny_temperature_picks_the_argmax() {
+        let mut rng = StdRng::seed_from_u64(4);
+        for temperature in [1e-45, 1e-40, 1e-38, 1e-30] {
+            for _ in 0..200 {
+                let n = rng.random_range(1..300);
+                let scale = [1e-3, 1.0, 30.0, 1e30, f32::MAX][rng.random_range(0..5)];
+                let mut logits: Vec<f32> = (0..n)
+                    .map(|_| (rng.random::<f32>() - 0.5) * scale)
+                    .collect();
+                let best = argmax(&logits);
+                let params = SamplingParams {
+                    temperature,
+                    top_k: [0, 40][rng.random_range(0..2)],
+                    top_p: [1.0, 0.95][rng.random_range(0..2)],
+                    min_p: [0.0, 0.05][rng.random_range(0..2)],
+                    seed: rng.random(),
+                    ..Default::default()
+                };
+                let tied = logits
+                    .iter()
+                    .filter(|&&l| l == logits[best as usize])
+                    .count();
+                let got = candidates(&logits, &params);
+                assert_eq!(got.len(), tied, "{params:?}: {got:?}");
+                assert_eq!(got[0], (best, 1.0 / tied as f32), "{params:?}: {got:?}");
+                if tied == 1 {
+                    let mut sampler = Sampler::new(params.clone());
+                    assert_eq!(sampler.sample(&mut logits, &[]), best, "{params:?}");
+                }
+            }
         }
     }
 }

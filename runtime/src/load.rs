@@ -2,6 +2,8 @@
 //! (`crate::record`) into the layout the kernels read, matrices kept as bf16 where that
 //! loses nothing.
 
+use std::collections::HashSet;
+
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
 use burn::tensor::{DType, Tensor, TensorCreationOptions, TensorData, TensorPrimitive, bf16};
@@ -9,7 +11,7 @@ use rayon::prelude::*;
 
 use crate::backend::KernelBackend;
 use crate::model::Llama;
-use crate::params::FieldPath;
+use crate::params::{FieldPath, params};
 use crate::record::Record;
 
 /// How the loader keeps the matrices (projections and the embedding) in memory. The record
@@ -72,6 +74,8 @@ pub fn load_into<B: KernelBackend>(
     weights: Weights,
     device: &B::Device,
 ) -> Result<(Llama<B>, Kept), String> {
+    let declared: Vec<String> = params(&model).into_iter().map(|p| p.path).collect();
+    check_same_params(&record.param_paths(), &declared)?;
     let weights = if B::BF16_WEIGHTS {
         weights
     } else {
@@ -91,6 +95,60 @@ pub fn load_into<B: KernelBackend>(
     match loader.error {
         Some(error) => Err(error),
         None => Ok((model, loader.kept)),
+    }
+}
+
+/// The record's parameters against the ones the model declares, both ways, before any is
+/// copied: the loader reads only what the model asks for, so a record with a layer
+/// config.json does not declare would otherwise load with that layer silently unread.
+fn check_same_params(stored: &[String], declared: &[String]) -> Result<(), String> {
+    let absent_from = |names: &[String], other: &[String]| -> Vec<String> {
+        let other: HashSet<&str> = other.iter().map(String::as_str).collect();
+        (names.iter())
+            .filter(|name| !other.contains(name.as_str()))
+            .cloned()
+            .collect()
+    };
+    let mut problems = Vec::new();
+    let extra = absent_from(stored, declared);
+    if !extra.is_empty() {
+        problems.push(format!(
+            "model.mpk holds {} config.json does not declare ({})",
+            parameters(extra.len()),
+            some_of(&extra)
+        ));
+    }
+    let missing = absent_from(declared, stored);
+    if !missing.is_empty() {
+        problems.push(format!(
+            "config.json declares {} model.mpk lacks ({})",
+            parameters(missing.len()),
+            some_of(&missing)
+        ));
+    }
+    match problems.is_empty() {
+        true => Ok(()),
+        false => Err(format!(
+            "{}: config.json and model.mpk disagree",
+            problems.join("; ")
+        )),
+    }
+}
+
+fn parameters(n: usize) -> String {
+    match n {
+        1 => "1 parameter".into(),
+        n => format!("{n} parameters"),
+    }
+}
+
+/// The first few of `names`, and how many more: a whole layer is nine names.
+fn some_of(names: &[String]) -> String {
+    const SHOWN: usize = 3;
+    let shown = names[..names.len().min(SHOWN)].join(", ");
+    match names.len().saturating_sub(SHOWN) {
+        0 => shown,
+        more => format!("{shown} and {more} more"),
     }
 }
 
@@ -273,6 +331,45 @@ fn transposed<E: Copy + Default + Send>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A 2-layer model saved by Burn's own recorder, loaded with configs of 2, 1 and 3
+    /// layers: the one with a layer fewer must not load with the record's last layer
+    /// unread, the one with a layer more must name what is missing.
+    #[test]
+    fn a_record_and_a_config_that_disagree_on_parameters_are_refused() {
+        use burn::record::Recorder;
+        type B = crate::FlexBackend;
+        let device = Default::default();
+        let config = |layers| crate::config::LlamaConfig::plain([8, 16, layers], [2, 1, 4], 10, 16);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.mpk");
+        let model = config(2).init::<B>(&device);
+        crate::artifact::ArtifactRecorder::new()
+            .record(model.into_record(), path.clone())
+            .unwrap();
+        let record = Record::open(&path).unwrap();
+        let load = |layers| {
+            let model = config(layers).init::<B>(&device);
+            load_into(&record, model, false, Weights::Auto, &device).map(|_| ())
+        };
+        assert_eq!(load(2), Ok(()));
+        let fewer = load(1).unwrap_err();
+        assert!(
+            fewer.starts_with(
+                "model.mpk holds 9 parameters config.json does not declare (layers.1."
+            ),
+            "{fewer}"
+        );
+        assert!(
+            fewer.ends_with("and 6 more): config.json and model.mpk disagree"),
+            "{fewer}"
+        );
+        let more = load(3).unwrap_err();
+        assert!(
+            more.starts_with("config.json declares 9 parameters model.mpk lacks (layers.2."),
+            "{more}"
+        );
+    }
 
     #[test]
     fn transposed_moves_every_element() {

@@ -129,10 +129,45 @@ impl Record {
         })
     }
 
+    /// The record field path of every parameter stored (a map with an `id` and its tensor,
+    /// inline or under `param`), in file order. What the model does not declare would
+    /// otherwise go unread.
+    pub fn param_paths(&self) -> Vec<String> {
+        let mut paths = Vec::new();
+        collect_params(&self.item, &mut String::new(), &mut paths);
+        paths
+    }
+
     /// Drops the pages of `param` from this process's memory once its values are copied
     /// (mapped pages count in its RSS): a load holds the model once, not twice.
     pub fn release(&self, param: &StoredParam<'_>) {
         self.map.release(param.range.clone());
+    }
+}
+
+/// Appends the paths of the parameters under `node` (at `path`) to `found`.
+fn collect_params(node: &Node, path: &mut String, found: &mut Vec<String>) {
+    let is_param =
+        node.get("id").is_some() && (node.get("param").is_some() || node.get("bytes").is_some());
+    if is_param {
+        found.push(path.clone());
+        return;
+    }
+    let mut visit = |name: &str, child: &Node, path: &mut String| {
+        let len = path.len();
+        if !path.is_empty() {
+            path.push('.');
+        }
+        path.push_str(name);
+        collect_params(child, path, found);
+        path.truncate(len);
+    };
+    match node {
+        Node::Map(fields) => fields.iter().for_each(|(k, v)| visit(k, v, path)),
+        Node::Array(items) => {
+            (items.iter().enumerate()).for_each(|(i, v)| visit(&i.to_string(), v, path))
+        }
+        _ => {}
     }
 }
 

@@ -18,3 +18,20 @@ impl BackendKind {
     }
 }
 pub mod repl;
+
+/// `--threads` as every command line reads it (clap's value parser): a count from 1 to the
+/// cores of this machine. The decode threads spin while a token runs, so more threads than
+/// cores only wait for each other.
+pub fn thread_count(arg: &str) -> Result<usize, String> {
+    let threads: usize = arg
+        .parse()
+        .map_err(|_| format!("--threads {arg} is not a whole number"))?;
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    match threads {
+        0 => Err("--threads 0: at least one thread is needed".into()),
+        t if t > cores => Err(format!(
+            "--threads {t} is more than the {cores} cores this machine has"
+        )),
+        t => Ok(t),
+    }
+}

@@ -296,11 +296,8 @@ fn chat_repl_keeps_the_conversation() {
     let input = "What is the capital of France?\nAnd of Germany?\n/reset\nWhat is the capital of France?\n/exit\nnever read\n";
     std::io::Write::write_all(child.stdin.as_mut().unwrap(), input.as_bytes()).unwrap();
     let out = child.wait_with_output().unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
     let stdout = String::from_utf8(out.stdout).unwrap();
     let answers: Vec<&str> = stdout
         .split("> ")
@@ -314,8 +311,163 @@ fn chat_repl_keeps_the_conversation() {
         &["--chat", "--json"],
     );
     let single: serde_json::Value = serde_json::from_slice(&single.stdout).unwrap();
-    assert_eq!(answers.len(), 3, "{stdout}");
-    assert_eq!(answers[0], single["text"].as_str().unwrap().trim());
-    assert!(answers[1].contains("Berlin"), "{stdout}");
-    assert_eq!(answers[2], answers[0]);
+    let shown = format!("stdout: {stdout}\nstderr: {stderr}");
+    assert_eq!(answers.len(), 3, "{shown}");
+    assert_eq!(
+        answers[0],
+        single["text"].as_str().unwrap().trim(),
+        "{shown}"
+    );
+    assert!(answers[1].contains("Berlin"), "{shown}");
+    assert_eq!(answers[2], answers[0], "{shown}");
+}
+
+/// Runs `command` (stdout and stderr piped) for at most `limit`; `None` if it was still
+/// running then (it is killed).
+fn output_within(command: &mut Command, limit: std::time::Duration) -> Option<Output> {
+    use std::process::Stdio;
+    let mut child = (command.stdin(Stdio::null()))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > limit {
+            child.kill().unwrap();
+            child.wait().unwrap();
+            return None;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    Some(child.wait_with_output().unwrap())
+}
+
+/// One more thread than cores is refused by every command that takes `--threads` (one
+/// check, at parsing), `serve` included, before it binds a port or reads the artifact;
+/// the bench too.
+#[test]
+fn threads_beyond_the_cores_are_refused_by_every_command() {
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let (too_many, tmp) = ((cores + 1).to_string(), tempfile::tempdir().unwrap());
+    let (dir, text) = (tmp.path().to_str().unwrap(), tmp.path().join("text.txt"));
+    std::fs::write(&text, "some text").unwrap();
+    let expected = format!("--threads {too_many} is more than the {cores} cores");
+    let runtime_bin = env!("CARGO_BIN_EXE_runtime");
+    for (bin, args) in [
+        (runtime_bin, vec!["--prompt", "hi"]),
+        (
+            runtime_bin,
+            vec!["perplexity", "--file", text.to_str().unwrap()],
+        ),
+        (runtime_bin, vec!["chat"]),
+        (runtime_bin, vec!["serve", "--port", "0"]),
+        (env!("CARGO_BIN_EXE_bench"), vec!["--threads", "1"]),
+    ] {
+        let mut command = Command::new(bin);
+        command
+            .args(&args)
+            .args(["--artifacts", dir, "--threads", &too_many]);
+        let limit = std::time::Duration::from_secs(60);
+        let out = output_within(&mut command, limit).unwrap_or_else(|| {
+            panic!("{args:?} --threads {too_many} still running after {limit:?}")
+        });
+        assert_one_line_error(&out, &expected);
+        assert!(
+            out.stdout.is_empty(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+}
+
+/// A temperature far below any gap between logits (here a subnormal f32, 1e-40) samples
+/// the most likely token every time: the greedy text, whatever the filters.
+#[test]
+fn a_tiny_temperature_gives_the_greedy_text() {
+    let Some(dir) = artifact_dir() else { return };
+    let tokens = |temperature: &str| {
+        let out = runtime(&[
+            "--artifacts",
+            &dir,
+            "--prompt",
+            "Once upon a time",
+            "--max-new-tokens",
+            "24",
+            "--temperature",
+            temperature,
+            "--json",
+        ]);
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        v["tokens"].clone()
+    };
+    let greedy = tokens("0");
+    assert_eq!(tokens("1e-40"), greedy);
+    assert_eq!(tokens("1e-45"), greedy);
+}
+
+/// A copy of the real artifact (files linked, config.json with each `(from, to)` of
+/// `edits` replaced) in a new temporary directory. The manifest checks file sizes, so each
+/// edit keeps the length.
+fn artifact_with_config(dir: &str, edits: &[(&str, &str)]) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let path = entry.unwrap().path();
+        let name = path.file_name().unwrap().to_owned();
+        if name != "config.json" {
+            std::os::unix::fs::symlink(&path, copy.path().join(name)).unwrap();
+        }
+    }
+    let mut config = std::fs::read_to_string(PathBuf::from(dir).join("config.json")).unwrap();
+    for (from, to) in edits {
+        assert!(config.contains(from) && from.len() == to.len(), "{from:?}");
+        config = config.replace(from, to);
+    }
+    std::fs::write(copy.path().join("config.json"), config).unwrap();
+    copy
+}
+
+/// config.json and model.mpk disagreeing on the parameters is one error line naming them,
+/// before any token is generated: a layer fewer in config.json (the record's last layer
+/// would otherwise go unread: the regression of issue 25), a layer more, and a layer fewer
+/// with biases the record lacks (both sides named).
+#[test]
+fn a_config_that_disagrees_with_the_record_is_refused() {
+    let Some(dir) = artifact_dir() else { return };
+    let (layers, fewer, more) = (
+        r#""num_hidden_layers": 30"#,
+        r#""num_hidden_layers": 29"#,
+        r#""num_hidden_layers": 31"#,
+    );
+    let biases = (r#""attention_bias": false"#, r#""attention_bias": true "#);
+    for (edits, expected) in [
+        (
+            vec![(layers, fewer)],
+            "model.mpk holds 9 parameters config.json does not declare (layers.29.",
+        ),
+        (vec![(layers, more)], "config.json and model.mpk disagree"),
+        (
+            vec![(layers, fewer), biases],
+            "; config.json declares 116 parameters model.mpk lacks (layers.0.self_attn.q_proj.bias",
+        ),
+    ] {
+        let copy = artifact_with_config(&dir, &edits);
+        let out = greedy(
+            copy.path().to_str().unwrap(),
+            "The capital of France is",
+            "1",
+            &[],
+        );
+        assert_one_line_error(&out, expected);
+        assert!(
+            out.stdout.is_empty(),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
 }

@@ -45,8 +45,9 @@ struct Cli {
         default_value = "flex,ndarray"
     )]
     backends: Vec<BackendKind>,
-    /// Thread counts to measure (comma-separated; default: the number of cores).
-    #[arg(long, value_delimiter = ',')]
+    /// Thread counts to measure (comma-separated, each at most the number of cores; default:
+    /// the number of cores).
+    #[arg(long, value_delimiter = ',', value_parser = cli::thread_count)]
     threads: Vec<usize>,
     /// Runs per configuration; the table shows medians.
     #[arg(long, default_value_t = 3)]

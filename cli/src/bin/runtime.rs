@@ -55,9 +55,9 @@ struct CommonArgs {
     /// CPU backend.
     #[arg(long, value_enum, default_value_t = BackendKind::Flex)]
     backend: BackendKind,
-    /// Worker threads (default: one per core).
-    #[arg(long, value_parser = clap::value_parser!(u16).range(1..))]
-    threads: Option<u16>,
+    /// Worker threads, at most one per core (default: one per core).
+    #[arg(long, value_parser = cli::thread_count)]
+    threads: Option<usize>,
     /// How the weight matrices are kept in memory: auto (bf16 where that is exact, as for a
     /// bf16 checkpoint, else f32), bf16 (rounding where it is not), f32. The results of
     /// auto and f32 are the same to the bit; bf16 reads half the bytes.
@@ -213,13 +213,7 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
         Some(Command::Serve(args)) => return serve(args),
         None => &cli.generate.common,
     };
-    let threads = common.threads.map(usize::from);
-    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
-    if let Some(threads) = threads.filter(|&t| t > cores) {
-        // The decode threads spin while a token runs: more of them than cores only wait.
-        bail!("--threads {threads} is more than the {cores} cores this machine has");
-    }
-    runtime::in_thread_pool(threads, || match common.backend {
+    runtime::in_thread_pool(common.threads, || match common.backend {
         BackendKind::Flex => run_on::<FlexBackend>(&cli, started),
         BackendKind::Ndarray => run_on::<NdArrayBackend>(&cli, started),
     })
@@ -258,7 +252,7 @@ fn serve(args: &ServeArgs) -> Result<()> {
         api_key: args.api_key.clone(),
         model,
         body_limit: args.body_limit,
-        threads: common.threads.map(usize::from),
+        threads: common.threads,
     };
     let listening = |address| {
         println!("listening on http://{address}");

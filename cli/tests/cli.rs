@@ -322,6 +322,41 @@ fn chat_repl_keeps_the_conversation() {
     assert_eq!(answers[2], answers[0], "{shown}");
 }
 
+/// The chat REPL keeps answering once the file it was started from is gone (a rebuild or an
+/// upgrade during a conversation; here a link to the binary, removed as soon as it runs):
+/// each turn renders the template in a child of the running program, not of whatever now
+/// has its path. With the path, every turn was an error and the REPL went on ("> > ").
+#[test]
+fn chat_repl_survives_its_program_file_being_replaced() {
+    let Some(dir) = artifact_dir() else { return };
+    let tmp = tempfile::tempdir_in(env!("CARGO_TARGET_TMPDIR")).unwrap();
+    let exe = tmp.path().join("runtime");
+    if std::fs::hard_link(env!("CARGO_BIN_EXE_runtime"), &exe).is_err() {
+        std::fs::copy(env!("CARGO_BIN_EXE_runtime"), &exe).unwrap();
+    }
+    let mut child = Command::new(&exe)
+        .args(["chat", "--artifacts", &dir, "--temperature", "0"])
+        .args(["--max-new-tokens", "8"])
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // `spawn` returns once the program is running.
+    std::fs::remove_file(&exe).unwrap();
+    let input = "What is the capital of France?\nAnd of Germany?\n/exit\n";
+    std::io::Write::write_all(child.stdin.as_mut().unwrap(), input.as_bytes()).unwrap();
+    let out = child.wait_with_output().unwrap();
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(out.status.success(), "{stderr}");
+    let answers = stdout.split("> ").filter(|a| !a.trim().is_empty()).count();
+    assert_eq!(answers, 2, "stdout: {stdout}\nstderr: {stderr}");
+    assert!(!stderr.contains("error:"), "{stderr}");
+}
+
 /// Runs `command` (stdout and stderr piped) for at most `limit`; `None` if it was still
 /// running then (it is killed).
 fn output_within(command: &mut Command, limit: std::time::Duration) -> Option<Output> {

@@ -53,6 +53,45 @@ assert len(tokens) == scored.usage.completion_tokens, tokens
 assert all(t.logprob <= 0 and len(t.top_logprobs) == 2 for t in tokens), tokens
 assert "".join(t.token for t in tokens) == scored.choices[0].message.content
 
+# Each token's bytes are its own, also for part of a character: together, the answer's.
+japanese = [{"role": "user", "content": "Write the word 'sun' in Japanese."}]
+scored = client.chat.completions.create(model=model, messages=japanese, temperature=0,
+                                        max_tokens=12, logprobs=True)
+tokens = scored.choices[0].logprobs.content
+assert b"".join(bytes(t.bytes) for t in tokens) == scored.choices[0].message.content.encode()
+# Streamed, each chunk carries its text's tokens.
+for chunk in client.chat.completions.create(model=model, messages=japanese, temperature=0,
+                                            max_tokens=12, logprobs=True, stream=True):
+    for choice in chunk.choices:
+        if choice.delta.content:
+            pieces = b"".join(bytes(t.bytes) for t in choice.logprobs.content)
+            assert pieces == choice.delta.content.encode(), chunk
+
+# Several prompts, a choice each.
+several = client.completions.create(model=model, prompt=["Once upon a time", "Hello"],
+                                    max_tokens=4, temperature=0)
+assert [c.index for c in several.choices] == [0, 1], several
+
+# Fields OpenAI's API accepts: a salt for the kept caches, tools not to be called.
+client.chat.completions.create(model=model, messages=messages, max_tokens=2,
+                               extra_body={"cache_salt": "tenant-a"})
+tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
+client.chat.completions.create(model=model, messages=messages, max_tokens=2, tools=tools,
+                               tool_choice="none")
+
+# Errors as OpenAI's: the field at fault and the code.
+for kwargs, error, param, code in [
+    ({"max_tokens": 0}, openai.BadRequestError, "max_tokens", None),
+    ({"messages": [{"role": "user", "content": "word " * 9000}]}, openai.BadRequestError,
+     "messages", "context_length_exceeded"),
+    ({"model": "gpt-4"}, openai.NotFoundError, "model", "model_not_found"),
+]:
+    try:
+        client.chat.completions.create(**{"model": model, "messages": messages, **kwargs})
+        raise AssertionError(f"{kwargs} was accepted")
+    except error as e:
+        assert (e.param, e.code) == (param, code), e
+
 # The same seed gives the same sampled text.
 sampled = [client.chat.completions.create(model=model, messages=messages, temperature=0.9,
                                           max_tokens=16, seed=42).choices[0].message.content

@@ -3,159 +3,19 @@
 //! SIGTERM finishing the work under way. The official `openai` Python client against it is
 //! `openai_client.py` (run here when python3 has the package; CI installs it).
 //!
-//! HTTP by hand over `TcpStream` (HTTP/1.1, `Connection: close`): the tests need no client
-//! library, and see exactly the status and body the server sends.
+//! HTTP by hand over `TcpStream` (`common::Server`): the tests need no client library, and
+//! see exactly the status and body the server sends.
+
+mod common;
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::TcpStream;
-use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-fn artifact_dir() -> Option<String> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../artifacts/smollm2-135m-instruct");
-    if dir.join("model.mpk").exists() {
-        return Some(dir.to_string_lossy().into_owned());
-    }
-    assert!(
-        std::env::var_os("REQUIRE_MODEL").is_none(),
-        "no converted model in {}",
-        dir.display()
-    );
-    None
-}
-
-/// A running server, killed when dropped.
-struct Server {
-    child: Child,
-    address: String,
-}
-
-impl Server {
-    fn start(dir: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_runtime"))
-            .args(["serve", "--port", "0", "--artifacts", dir])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let address = line
-            .trim()
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        let server = Self { child, address };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while server.get("/health").0 != 200 {
-            assert!(Instant::now() < deadline, "not ready after 60 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
-    }
-
-    fn request(&self, method: &str, path: &str, headers: &[&str], body: &[u8]) -> (u16, Vec<u8>) {
-        let mut stream = TcpStream::connect(&self.address).unwrap();
-        let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
-            self.address,
-            body.len()
-        );
-        for header in headers {
-            head.push_str(header);
-            head.push_str("\r\n");
-        }
-        head.push_str("\r\n");
-        stream.write_all(head.as_bytes()).unwrap();
-        // A body over the limit is refused before it is read: the write may then fail.
-        let _ = stream.write_all(body);
-        let mut response = Vec::new();
-        let _ = stream.read_to_end(&mut response);
-        let split = (response.windows(4).position(|w| w == b"\r\n\r\n"))
-            .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(&response)));
-        let head = String::from_utf8_lossy(&response[..split]).to_string();
-        let status = head.split(' ').nth(1).unwrap().parse().unwrap();
-        let mut body = response[split + 4..].to_vec();
-        if head
-            .to_ascii_lowercase()
-            .contains("transfer-encoding: chunked")
-        {
-            body = dechunk(&body);
-        }
-        (status, body)
-    }
-
-    fn get(&self, path: &str) -> (u16, Vec<u8>) {
-        self.request("GET", path, &[], b"")
-    }
-
-    fn post(&self, path: &str, body: &Value) -> (u16, Value) {
-        let (status, body) = self.request("POST", path, &[], body.to_string().as_bytes());
-        (status, serde_json::from_slice(&body).unwrap_or(Value::Null))
-    }
-
-    /// A streamed request's `data:` payloads, `[DONE]` included.
-    fn stream(&self, path: &str, body: &Value) -> Vec<String> {
-        let (status, body) = self.request("POST", path, &[], body.to_string().as_bytes());
-        assert_eq!(status, 200, "{}", String::from_utf8_lossy(&body));
-        String::from_utf8(body)
-            .unwrap()
-            .lines()
-            .filter_map(|l| l.strip_prefix("data: ").map(str::to_string))
-            .collect()
-    }
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn dechunk(mut body: &[u8]) -> Vec<u8> {
-    let mut out = Vec::new();
-    loop {
-        let end = body.windows(2).position(|w| w == b"\r\n").unwrap();
-        let size =
-            usize::from_str_radix(std::str::from_utf8(&body[..end]).unwrap().trim(), 16).unwrap();
-        if size == 0 {
-            return out;
-        }
-        out.extend_from_slice(&body[end + 2..end + 2 + size]);
-        body = &body[end + 2 + size + 2..];
-    }
-}
-
-fn chat_body(prompt: &str, max_tokens: usize, stream: bool) -> Value {
-    json!({
-        "messages": [{"role": "user", "content": prompt}],
-        "temperature": 0, "max_tokens": max_tokens, "stream": stream,
-    })
-}
-
-/// The command line's greedy chat answer.
-fn cli_answer(dir: &str, prompt: &str, max_tokens: usize) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_runtime"))
-        .args(["--artifacts", dir, "--chat", "--temperature", "0", "--json"])
-        .args([
-            "--prompt",
-            prompt,
-            "--max-new-tokens",
-            &max_tokens.to_string(),
-        ])
-        .output()
-        .unwrap();
-    assert!(out.status.success());
-    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
-    v["text"].as_str().unwrap().to_string()
-}
+use common::{Server, artifact_dir, chat_body, cli_answer};
 
 const PROMPTS: [&str; 8] = [
     "What is the capital of France?",
@@ -275,7 +135,7 @@ fn a_long_prompt_joins_while_another_streams() {
             let body = chat_body(short, short_tokens, true).to_string();
             write!(
                 stream,
-                "POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+                "POST /v1/chat/completions HTTP/1.1\r\nHost: {address}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
                 body.len()
             )
             .unwrap();
@@ -311,18 +171,38 @@ fn a_long_prompt_joins_while_another_streams() {
     });
 }
 
+/// A prompt whose greedy answer mixes ASCII with Japanese characters split over tokens.
+const JAPANESE: &str = "Write the word 'sun' in Japanese.";
+
+/// The bytes of chat logprob entries, one after another.
+fn entry_bytes(entries: &[Value]) -> Vec<u8> {
+    (entries.iter())
+        .flat_map(|e| serde_json::from_value::<Vec<u8>>(e["bytes"].clone()).unwrap())
+        .collect()
+}
+
+/// A streamed response's chunks, `[DONE]` left out.
+fn chunks_of(events: &[String]) -> Vec<Value> {
+    assert_eq!(events.last().map(String::as_str), Some("[DONE]"));
+    (events[..events.len() - 1].iter())
+        .map(|e| serde_json::from_str(e).unwrap())
+        .collect()
+}
+
 /// `logprobs`: each generated token's log-probability and the most likely tokens' at its
-/// step, in OpenAI's shapes, streamed or not; greedy, each token is its step's most likely,
-/// and the tokens spell the answer.
+/// step, in OpenAI's shapes; greedy, each token is its step's most likely. Each token's
+/// `bytes` are its own, also for part of a character (one after another they are the
+/// answer's bytes).
 #[test]
 fn logprobs_come_with_the_tokens() {
     let Some(dir) = artifact_dir() else { return };
     let server = Server::start(&dir, &[]);
-    let mut body = chat_body(PROMPTS[0], 12, false);
+    let mut body = chat_body(JAPANESE, 16, false);
     body["logprobs"] = json!(true);
     body["top_logprobs"] = json!(3);
     let (status, v) = server.post("/v1/chat/completions", &body);
     assert_eq!(status, 200, "{v}");
+    let text = v["choices"][0]["message"]["content"].as_str().unwrap();
     let content = v["choices"][0]["logprobs"]["content"]
         .as_array()
         .unwrap()
@@ -331,14 +211,14 @@ fn logprobs_come_with_the_tokens() {
         content.len() as u64,
         v["usage"]["completion_tokens"].as_u64().unwrap()
     );
-    let mut spelled = String::new();
     for entry in &content {
         let top = entry["top_logprobs"].as_array().unwrap();
         assert_eq!(top.len(), 3, "{entry}");
         let logprob = entry["logprob"].as_f64().unwrap();
         assert!(logprob <= 0.0);
         assert_eq!(
-            entry["token"], top[0]["token"],
+            (&entry["token"], &entry["bytes"]),
+            (&top[0]["token"], &top[0]["bytes"]),
             "greedy takes the most likely"
         );
         assert_eq!(logprob, top[0]["logprob"].as_f64().unwrap());
@@ -346,50 +226,134 @@ fn logprobs_come_with_the_tokens() {
             top.windows(2)
                 .all(|w| w[0]["logprob"].as_f64() >= w[1]["logprob"].as_f64())
         );
-        let token = entry["token"].as_str().unwrap();
-        let bytes: Vec<u8> = serde_json::from_value(entry["bytes"].clone()).unwrap();
-        assert_eq!(bytes, token.as_bytes());
-        spelled.push_str(token);
     }
-    assert_eq!(
-        spelled,
-        v["choices"][0]["message"]["content"].as_str().unwrap()
-    );
-    // Streamed: the same entries, spread over the chunks.
+    assert_eq!(String::from_utf8(entry_bytes(&content)).unwrap(), text);
+    // What the test is about: some token holds part of a character.
+    let split = |e: &Value| std::str::from_utf8(&entry_bytes(std::slice::from_ref(e))).is_err();
+    assert!(content.iter().any(split), "no split character in {text:?}");
+
+    // Streamed: the same entries, each in the chunk whose text completes it.
     body["stream"] = json!(true);
-    let events = server.stream("/v1/chat/completions", &body);
-    let streamed: Vec<Value> = events[..events.len() - 1]
-        .iter()
-        .map(|e| serde_json::from_str::<Value>(e).unwrap())
-        .filter_map(|c| c["choices"][0]["logprobs"]["content"].as_array().cloned())
-        .flatten()
-        .collect();
+    let chunks = chunks_of(&server.stream("/v1/chat/completions", &body));
+    let mut streamed = Vec::new();
+    for chunk in &chunks {
+        let choice = &chunk["choices"][0];
+        let entries = choice["logprobs"]["content"].as_array().cloned();
+        match choice["delta"]["content"].as_str() {
+            Some(piece) => {
+                let entries = entries.unwrap_or_else(|| panic!("no logprobs in {chunk}"));
+                assert_eq!(entry_bytes(&entries), piece.as_bytes(), "{chunk}");
+                streamed.extend(entries);
+            }
+            // Without a stop string, every token's text comes.
+            None => assert!(choice["logprobs"].is_null(), "{chunk}"),
+        }
+    }
     // The second request reuses the first's cache: its prompt's last position runs through
     // the decoding kernels, not the prompt's gemm, so values agree to rounding, not bits.
     assert_eq!(streamed.len(), content.len());
     for (a, b) in streamed.iter().zip(&content) {
-        assert_eq!(a["token"], b["token"]);
+        assert_eq!((&a["token"], &a["bytes"]), (&b["token"], &b["bytes"]));
         let (a, b) = (
             a["logprob"].as_f64().unwrap(),
             b["logprob"].as_f64().unwrap(),
         );
         assert!((a - b).abs() <= 1e-4 * (1.0 + b.abs()), "{a} vs {b}");
     }
+
+    // With a stop string, a token is not sent before its text: " (" waits while its "("
+    // might begin "(sun", and with the stop string's own tokens goes in the last chunk.
+    body["stop"] = json!("(sun");
+    let chunks = chunks_of(&server.stream("/v1/chat/completions", &body));
+    let (mut text, mut entries) = (Vec::new(), Vec::new());
+    for chunk in &chunks {
+        let choice = &chunk["choices"][0];
+        text.extend(choice["delta"]["content"].as_str().unwrap_or("").bytes());
+        entries.extend(
+            choice["logprobs"]["content"]
+                .as_array()
+                .cloned()
+                .unwrap_or_default(),
+        );
+        if choice["finish_reason"].is_null() {
+            assert!(text.starts_with(&entry_bytes(&entries)), "{chunk}");
+        }
+    }
+    let last = &chunks.last().unwrap()["choices"][0];
+    assert_eq!(last["finish_reason"], "stop");
+    let tail = last["logprobs"]["content"].as_array().unwrap();
+    assert!(entry_bytes(tail).starts_with(b" ("), "{last}");
+    assert!(entry_bytes(&entries).starts_with(&text));
+    assert!(entries.len() < content.len());
+
     // Without logprobs, none.
     let (_, plain) = server.post("/v1/chat/completions", &chat_body(PROMPTS[0], 4, false));
     assert!(plain["choices"][0]["logprobs"].is_null());
-    // The completions API's parallel lists.
-    let body =
-        json!({"prompt": "Once upon a time", "max_tokens": 6, "temperature": 0, "logprobs": 2});
+}
+
+/// The completions API's parallel lists: `text_offset` is where each token begins in the
+/// text, in characters (Python's indexes), after characters of several bytes too; streamed,
+/// the same lists spread over the chunks.
+#[test]
+fn completion_logprobs_index_the_text() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &[]);
+    let prompt = "The Japanese word for sun is 太陽 (たいよう). The Japanese word for moon is";
+    let body = json!({"prompt": prompt, "max_tokens": 12, "temperature": 0, "logprobs": 2});
     let (status, v) = server.post("/v1/completions", &body);
     assert_eq!(status, 200, "{v}");
+    let text: Vec<char> = v["choices"][0]["text"].as_str().unwrap().chars().collect();
     let logprobs = &v["choices"][0]["logprobs"];
-    let tokens = logprobs["tokens"].as_array().unwrap();
-    assert_eq!(tokens.len(), 6);
-    assert_eq!(logprobs["token_logprobs"].as_array().unwrap().len(), 6);
-    assert_eq!(logprobs["top_logprobs"][0].as_object().unwrap().len(), 2);
-    let text: String = tokens.iter().map(|t| t.as_str().unwrap()).collect();
-    assert_eq!(text, v["choices"][0]["text"].as_str().unwrap());
+    let tokens: Vec<&str> = (logprobs["tokens"].as_array().unwrap().iter())
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    let offsets: Vec<usize> = serde_json::from_value(logprobs["text_offset"].clone()).unwrap();
+    assert_eq!(tokens.len(), 12);
+    assert_eq!(offsets.len(), 12);
+    assert_eq!(logprobs["token_logprobs"].as_array().unwrap().len(), 12);
+    for (top, token) in logprobs["top_logprobs"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .zip(&tokens)
+    {
+        // Keyed by text: alternatives that show the same (U+FFFD) are one entry.
+        let top = top.as_object().unwrap();
+        assert!(
+            (1..=2).contains(&top.len()) && top.contains_key(*token),
+            "{top:?}"
+        );
+    }
+    assert_eq!(offsets[0], 0);
+    let mut whole_after_wide = 0;
+    for (i, (token, &offset)) in tokens.iter().zip(&offsets).enumerate() {
+        if i > 0 {
+            assert!(offset >= offsets[i - 1], "{offsets:?}");
+        }
+        if token.contains('\u{FFFD}') {
+            continue;
+        }
+        let at: String = text[offset..].iter().collect();
+        assert!(at.starts_with(token), "{token:?} at {offset} of {text:?}");
+        whole_after_wide += usize::from(text[..offset].iter().any(|c| c.len_utf8() > 1));
+    }
+    assert!(
+        whole_after_wide > 0,
+        "no whole token after a wide character in {text:?}"
+    );
+    // Streamed: the same tokens and offsets, counted over the whole text.
+    let mut streamed = json!({"tokens": [], "text_offset": []});
+    let mut body = body;
+    body["stream"] = json!(true);
+    for chunk in chunks_of(&server.stream("/v1/completions", &body)) {
+        let logprobs = &chunk["choices"][0]["logprobs"];
+        for key in ["tokens", "text_offset"] {
+            let more = logprobs[key].as_array().cloned().unwrap_or_default();
+            streamed[key].as_array_mut().unwrap().extend(more);
+        }
+    }
+    assert_eq!(streamed["tokens"], logprobs["tokens"]);
+    assert_eq!(streamed["text_offset"], logprobs["text_offset"]);
 }
 
 /// Each malformed request gets its status and OpenAI's error envelope, and the server goes
@@ -542,9 +506,9 @@ fn malformed_requests_get_status_and_envelope() {
         (
             "POST",
             "/v1/completions",
-            r#"{"prompt": ["a", "b"]}"#.into(),
+            r#"{"prompt": [["a"]]}"#.into(),
             400,
-            "prompt must be a string",
+            "is not a token id",
         ),
         (
             "POST",
@@ -587,6 +551,263 @@ fn malformed_requests_get_status_and_envelope() {
         let (status, v) = server.post(chat_path, &chat_body("Hi", 2, false));
         assert_eq!(status, 200, "after {body:.80}: {v}");
     }
+}
+
+/// `body` with `extra`'s fields set (a null removes the field).
+fn with(mut body: Value, extra: Value) -> Value {
+    for (key, value) in extra.as_object().unwrap() {
+        match value {
+            Value::Null => drop(body.as_object_mut().unwrap().remove(key)),
+            _ => body[key] = value.clone(),
+        }
+    }
+    body
+}
+
+/// The model's context (max_position_embeddings in the artifact's config.json).
+fn context(dir: &str) -> u64 {
+    let config = std::fs::read(format!("{dir}/config.json")).unwrap();
+    let config: Value = serde_json::from_slice(&config).unwrap();
+    config["max_position_embeddings"].as_u64().unwrap()
+}
+
+/// Errors name the field at fault (`param`) and carry OpenAI's `code` where it has one
+/// (`context_length_exceeded`, `model_not_found`); what OpenAI's API accepts is accepted.
+#[test]
+fn api_details_follow_openai() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &[]);
+    let (_, models) = server.get("/v1/models");
+    let models: Value = serde_json::from_slice(&models).unwrap();
+    let served = models["data"][0]["id"].as_str().unwrap().to_string();
+    let chat = |extra: Value| {
+        (
+            "/v1/chat/completions",
+            with(chat_body("Hi", 4, false), extra),
+        )
+    };
+    let completion = |body: Value| ("/v1/completions", body);
+    let long = "word ".repeat(9000);
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    let refused = [
+        (chat(json!({"max_tokens": 0})), 400, "max_tokens", None),
+        (
+            chat(json!({"max_tokens": null, "max_completion_tokens": 0})),
+            400,
+            "max_completion_tokens",
+            None,
+        ),
+        (
+            completion(json!({"prompt": "Hi", "max_tokens": 0})),
+            400,
+            "max_tokens",
+            None,
+        ),
+        (chat(json!({"temperature": -1})), 400, "temperature", None),
+        (chat(json!({"top_p": 0})), 400, "top_p", None),
+        (
+            chat(json!({"messages": [{"role": "user", "content": long}]})),
+            400,
+            "messages",
+            Some("context_length_exceeded"),
+        ),
+        (
+            completion(json!({"prompt": long})),
+            400,
+            "prompt",
+            Some("context_length_exceeded"),
+        ),
+        (
+            chat(json!({"max_tokens": context(&dir)})),
+            400,
+            "max_tokens",
+            Some("context_length_exceeded"),
+        ),
+        (
+            chat(json!({"max_tokens": null, "max_completion_tokens": context(&dir)})),
+            400,
+            "max_completion_tokens",
+            Some("context_length_exceeded"),
+        ),
+        (
+            completion(json!({"prompt": "Hi", "max_tokens": context(&dir)})),
+            400,
+            "max_tokens",
+            Some("context_length_exceeded"),
+        ),
+        (
+            chat(json!({"model": "gpt-4"})),
+            404,
+            "model",
+            Some("model_not_found"),
+        ),
+        (
+            chat(json!({"max_tokens": 3, "max_completion_tokens": 4})),
+            400,
+            "max_tokens",
+            None,
+        ),
+        (
+            completion(json!({"prompt": [10_000_000]})),
+            400,
+            "prompt",
+            None,
+        ),
+        (completion(json!({"prompt": [[]]})), 400, "prompt", None),
+        (
+            chat(json!({"tools": tools, "tool_choice": "required"})),
+            400,
+            "tools",
+            None,
+        ),
+    ];
+    for ((path, body), status, param, code) in refused {
+        let (got, v) = server.post(path, &body);
+        let shown = format!("{path} {:.200}: {v}", body.to_string());
+        assert_eq!(got, status, "{shown}");
+        assert_eq!(v["error"]["param"], param, "{shown}");
+        assert_eq!(v["error"]["code"], json!(code), "{shown}");
+        assert!(v["error"]["message"].is_string() && v["error"]["type"].is_string());
+    }
+    let ok = |(path, body): (&str, Value)| {
+        let (status, v) = server.post(path, &body);
+        assert_eq!(status, 200, "{path} {body}: {v}");
+        assert_eq!(v["model"], served.as_str(), "the served model answers");
+        v
+    };
+    let text = |v: &Value| v["choices"][0]["message"]["content"].clone();
+    let plain = ok(chat(json!({})));
+    ok(chat(json!({"model": served})));
+    let both = ok(chat(json!({"max_tokens": 3, "max_completion_tokens": 3})));
+    assert!(both["usage"]["completion_tokens"].as_u64().unwrap() <= 3);
+    // int64 seeds, negative ones too: the same seed, the same sampled text.
+    let seeded = json!({"seed": -1, "temperature": 0.9, "max_tokens": 12});
+    assert_eq!(text(&ok(chat(seeded.clone()))), text(&ok(chat(seeded))));
+    ok(completion(
+        json!({"prompt": "Hi", "max_tokens": 2, "best_of": 1}),
+    ));
+    // Tools the request says not to call are ignored: the answer is the plain one.
+    let no_tools = ok(chat(json!({"tools": tools, "tool_choice": "none"})));
+    assert_eq!(text(&no_tools), text(&plain));
+    // As many tokens as the context has room for is not too many.
+    let prompt_tokens = plain["usage"]["prompt_tokens"].as_u64().unwrap();
+    let room = context(&dir) - prompt_tokens;
+    ok(chat(
+        json!({"max_tokens": room, "stop": [" ", "!", ".", "\n"]}),
+    ));
+}
+
+/// `/v1/completions` takes the prompts OpenAI's spec allows: token ids, and a list of
+/// prompts (strings, or lists of token ids), one choice each, in order, each the answer
+/// that prompt gets alone; usage adds theirs up.
+#[test]
+fn completion_prompts_may_be_token_ids_and_lists() {
+    let Some(dir) = artifact_dir() else { return };
+    // Token ids and their text: what the command line generates.
+    let out = Command::new(env!("CARGO_BIN_EXE_runtime"))
+        .args(["--artifacts", &dir, "--temperature", "0", "--json"])
+        .args(["--prompt", "Once upon a time", "--max-new-tokens", "8"])
+        .output()
+        .unwrap();
+    let cli: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let (ids, ids_text) = (cli["tokens"].clone(), cli["text"].as_str().unwrap());
+    let server = Server::start(&dir, &["--parallel", "2"]);
+    let complete = |prompt: Value| {
+        let body = json!({"prompt": prompt, "max_tokens": 6, "temperature": 0});
+        let (status, v) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{body}: {v}");
+        v
+    };
+    let by_text = complete(json!(ids_text));
+    let by_ids = complete(ids.clone());
+    let count = ids.as_array().unwrap().len();
+    assert_eq!(
+        by_text["usage"]["prompt_tokens"], count,
+        "the text is those ids"
+    );
+    assert_eq!(by_ids["usage"]["prompt_tokens"], count);
+    assert_eq!(by_ids["choices"][0]["text"], by_text["choices"][0]["text"]);
+
+    let prompts = ["Once upon a time", "The capital of France is"];
+    let alone: Vec<Value> = prompts.iter().map(|p| complete(json!(p))).collect();
+    for (several, expected) in [
+        (complete(json!(prompts)), &alone),
+        (complete(json!([ids, ids])), &vec![by_ids.clone(), by_ids]),
+    ] {
+        let choices = several["choices"].as_array().unwrap();
+        assert_eq!(choices.len(), 2, "{several}");
+        for (i, (choice, alone)) in choices.iter().zip(expected).enumerate() {
+            assert_eq!(choice["index"], i);
+            assert_eq!(choice["text"], alone["choices"][0]["text"]);
+        }
+        for key in ["prompt_tokens", "completion_tokens"] {
+            let sum: u64 = expected
+                .iter()
+                .map(|v| v["usage"][key].as_u64().unwrap())
+                .sum();
+            assert_eq!(several["usage"][key], sum, "{key}");
+        }
+    }
+    // Streamed: each choice's chunks carry its index; one finish each; usage at the end.
+    let body = json!({"prompt": prompts, "max_tokens": 6, "temperature": 0, "stream": true,
+                      "stream_options": {"include_usage": true}});
+    let chunks = chunks_of(&server.stream("/v1/completions", &body));
+    let (mut texts, mut finishes) = (vec![String::new(); 2], [0; 2]);
+    for chunk in &chunks[..chunks.len() - 1] {
+        let choice = &chunk["choices"][0];
+        let i = choice["index"].as_u64().unwrap() as usize;
+        texts[i].push_str(choice["text"].as_str().unwrap());
+        finishes[i] += usize::from(!choice["finish_reason"].is_null());
+    }
+    assert_eq!(finishes, [1, 1]);
+    for (text, alone) in texts.iter().zip(&alone) {
+        assert_eq!(text, alone["choices"][0]["text"].as_str().unwrap());
+    }
+    let usage = &chunks.last().unwrap()["usage"];
+    let sum: u64 = (alone.iter())
+        .map(|v| v["usage"]["completion_tokens"].as_u64().unwrap())
+        .sum();
+    assert_eq!(usage["completion_tokens"], sum);
+}
+
+/// A kept cache is reused only within its scope: the same credential (`Authorization`) and
+/// the same `cache_salt`; so `cached_tokens` tells a client nothing of another's prompts.
+#[test]
+fn kept_caches_stay_within_their_scope() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &[]);
+    let prompt = "The quick brown fox jumps over the lazy dog. ".repeat(20);
+    let cached = |salt: Option<&str>, key: Option<&str>| {
+        let mut body = chat_body(&prompt, 2, false);
+        if let Some(salt) = salt {
+            body["cache_salt"] = json!(salt);
+        }
+        let header = key.map(|k| format!("Authorization: Bearer {k}"));
+        let headers: Vec<&str> = header.iter().map(String::as_str).collect();
+        let (status, response) = server.request(
+            "POST",
+            "/v1/chat/completions",
+            &headers,
+            body.to_string().as_bytes(),
+        );
+        let v: Value = serde_json::from_slice(&response).unwrap();
+        assert_eq!(status, 200, "{v}");
+        v["usage"]["prompt_tokens_details"]["cached_tokens"]
+            .as_u64()
+            .unwrap()
+    };
+    assert_eq!(cached(Some("tenant-a"), None), 0);
+    assert_eq!(cached(Some("tenant-b"), None), 0, "another salt");
+    assert!(cached(Some("tenant-a"), None) > 100, "the same salt");
+    assert_eq!(cached(None, None), 0, "no salt");
+    assert_eq!(cached(None, Some("key-1")), 0, "a key");
+    assert!(cached(None, Some("key-1")) > 100, "the same key");
+    assert_eq!(cached(None, Some("key-2")), 0, "another key");
+    assert_eq!(
+        cached(Some("tenant-a"), Some("key-1")),
+        0,
+        "a key and a salt"
+    );
 }
 
 /// With `--api-key`, the /v1 routes need it (401 in the envelope otherwise); health does not.
@@ -633,7 +854,8 @@ fn a_client_that_leaves_is_cancelled() {
     {
         let mut stream = TcpStream::connect(&server.address).unwrap();
         let head = format!(
-            "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n",
+            server.address,
             body.len()
         );
         stream.write_all(head.as_bytes()).unwrap();

@@ -37,6 +37,10 @@ pub struct Job {
     pub options: GenerateOptions,
     /// Each generated token's log-probability, with this many alternatives.
     pub logprobs: Option<usize>,
+    /// Who may share a kept cache with this request: requests reuse each other's caches
+    /// only within one scope (the API key presented and the `cache_salt` field), so that
+    /// `cached_tokens` cannot tell one client what another's prompt was.
+    pub scope: String,
     pub events: UnboundedSender<Event>,
 }
 
@@ -45,8 +49,11 @@ pub struct Job {
 pub enum Event {
     /// Generated text, complete characters, never part of a stop string.
     Text(String),
-    /// The log-probabilities of tokens just generated (before their text, which a stop
-    /// string may hold back).
+    /// The log-probabilities of tokens just generated, sent before any text of the same
+    /// step. A token's text may come later (a character split over tokens is sent once
+    /// whole, a possible start of a stop string once it is known not to be one) or never (a
+    /// stop string's own tokens): the HTTP side pairs each token with the text that
+    /// completes its `bytes`.
     Logprobs(Vec<Logprob>),
     Done {
         reason: StopReason,
@@ -58,13 +65,18 @@ pub enum Event {
     Failed(String),
 }
 
-/// A generated token's log-probability and the most likely tokens' at its step, each with
-/// its text (a token that is part of a character shows U+FFFD).
+/// A generated token's log-probability and the most likely tokens' at its step.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Logprob {
+    /// Its text (a token that holds part of a character shows U+FFFD).
     pub token: String,
+    /// The bytes of text it stands for, exact also for part of a character: the bytes of a
+    /// generation's tokens, one after another, are its text's.
+    pub bytes: Vec<u8>,
     pub logprob: f32,
-    pub top: Vec<(String, f32)>,
+    /// The most likely tokens at its step, most likely first (each with no `top` of its
+    /// own).
+    pub top: Vec<Logprob>,
 }
 
 /// Counters for `/metrics`, shared with the HTTP side.
@@ -226,14 +238,20 @@ impl<B: KernelBackend> Engine<B> {
         }
     }
 
-    /// `logprob` with its tokens' text.
+    /// `logprob` with its tokens' text and bytes.
     fn logprob(&self, logprob: &TokenLogprob) -> Logprob {
-        let text = |id: u32| self.tokenizer.decode(&[id]).unwrap_or_default();
-        Logprob {
-            token: text(logprob.id),
-            logprob: logprob.logprob,
-            top: logprob.top.iter().map(|&(id, lp)| (text(id), lp)).collect(),
-        }
+        let token = |id: u32, logprob: f32, top: Vec<Logprob>| Logprob {
+            token: self.tokenizer.decode(&[id]).unwrap_or_default(),
+            // Interim: exact except for a token holding part of a character (U+FFFD's
+            // bytes then), until the tokenizer gives a token's raw bytes.
+            bytes: (self.tokenizer.decode(&[id]).unwrap_or_default()).into_bytes(),
+            logprob,
+            top,
+        };
+        let top = (logprob.top.iter())
+            .map(|&(id, lp)| token(id, lp, Vec::new()))
+            .collect();
+        token(logprob.id, logprob.logprob, top)
     }
 
     /// Ends a sequence that has stopped (or failed, or lost its client): sends what is left

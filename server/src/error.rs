@@ -13,6 +13,8 @@ pub struct ApiError {
     pub message: String,
     /// The request field at fault, if one is.
     pub param: Option<&'static str>,
+    /// OpenAI's `code` where it is not the one the status implies.
+    pub code: Option<&'static str>,
 }
 
 impl ApiError {
@@ -34,6 +36,28 @@ impl ApiError {
             status,
             message: message.into(),
             param: None,
+            code: None,
+        }
+    }
+
+    /// 400 `context_length_exceeded`, naming the field to shorten: the prompt (`messages`,
+    /// `prompt`) or the tokens asked for (`max_tokens`), as OpenAI answers.
+    pub fn context_length(param: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code: Some("context_length_exceeded"),
+            ..Self::invalid_field(param, message)
+        }
+    }
+
+    /// 404 `model_not_found`: the request names a model this server does not serve.
+    pub fn model_not_found(model: &str, served: &str) -> Self {
+        Self {
+            param: Some("model"),
+            code: Some("model_not_found"),
+            ..Self::with_status(
+                StatusCode::NOT_FOUND,
+                format!("the model {model:?} does not exist; this server serves {served:?}"),
+            )
         }
     }
 
@@ -48,8 +72,11 @@ impl ApiError {
         }
     }
 
-    /// OpenAI's `code`, where it has one for the status.
+    /// OpenAI's `code`: the error's own, else the one it has for the status.
     fn code(&self) -> Option<&'static str> {
+        if self.code.is_some() {
+            return self.code;
+        }
         match self.status {
             StatusCode::UNAUTHORIZED => Some("invalid_api_key"),
             StatusCode::PAYLOAD_TOO_LARGE => Some("request_too_large"),

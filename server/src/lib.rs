@@ -1,19 +1,25 @@
 //! `runtime serve`: an OpenAI-compatible HTTP server over the runtime library.
 //!
-//! The HTTP side (axum on tokio) parses and checks requests ([`api`]), tokenizes prompts and
-//! turns engine events into responses or server-sent events ([`routes`]); one engine thread
-//! owns the model and runs the requests ([`engine`]). The port is bound before the model
-//! loads, so `/health` answers 503 until it is ready. SIGTERM or Ctrl-C stops accepting
-//! connections, lets the requests under way finish, and returns.
+//! The HTTP side (hyper and axum on tokio) accepts connections under deadlines and a cap
+//! ([`transport`], [`connections`]), checks what a request must pass before it is routed
+//! ([`guard`]), parses and checks requests ([`api`]), tokenizes prompts and turns engine
+//! events into responses or server-sent events ([`routes`]); one engine thread owns the
+//! model and runs the requests ([`engine`]). The port is bound before the model loads, so
+//! `/health` answers 503 until it is ready. SIGTERM or Ctrl-C stops accepting connections,
+//! lets the requests under way finish within the shutdown timeout, and returns.
 
 pub mod api;
+mod connections;
 pub mod engine;
 pub mod error;
+mod guard;
 mod routes;
+mod transport;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock, mpsc};
+use std::time::{Duration, Instant};
 
 use runtime::backend::KernelBackend;
 use runtime::generate::Generator;
@@ -36,6 +42,19 @@ pub struct Options {
     pub body_limit: usize,
     /// Worker threads for the model (default: one per core).
     pub threads: Option<usize>,
+    /// How long a client has to send a request's head, from when the server starts waiting
+    /// for it (so also how long an idle connection is kept), and then as long for its body.
+    pub read_timeout: Duration,
+    /// After SIGTERM or Ctrl-C, how long requests under way have to finish before the
+    /// server closes their connections and returns.
+    pub shutdown_timeout: Duration,
+    /// Connections open at once (lowered to fit the open-file limit). At the cap a new
+    /// connection closes the one waiting longest without a request under way.
+    pub max_connections: usize,
+    /// Origins (`scheme://host[:port]`, or `*` for any) allowed cross-origin requests.
+    pub allowed_origins: Vec<String>,
+    /// Host names served besides loopback ones when bound to a loopback address (`*`: any).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// What the HTTP side needs of the loaded model.
@@ -56,6 +75,8 @@ pub enum ServeError {
     #[error("cannot load the model: {0}")]
     Load(String),
     #[error("{0}")]
+    Options(String),
+    #[error("{0}")]
     Io(#[from] std::io::Error),
 }
 
@@ -70,6 +91,7 @@ where
     B: KernelBackend,
     L: FnOnce() -> Result<(Generator<B>, Tokenizer), String> + Send + 'static,
 {
+    check(&options)?;
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -78,13 +100,21 @@ where
     let listener = runtime
         .block_on(tokio::net::TcpListener::bind(&address))
         .map_err(|source| ServeError::Bind { address, source })?;
-    on_listening(listener.local_addr()?);
+    let local = listener.local_addr()?;
+    on_listening(local);
+    let registry = connections::Registry::new(connection_cap(options.max_connections));
+    let policy = Arc::new(policy(&options, local));
 
     let metrics = Arc::new(Metrics::default());
     let loaded = Arc::new(OnceLock::new());
     let (jobs, queue) = mpsc::channel::<Job>();
     // Told if the model fails to load: the server then stops with that error.
     let (failed, load_failed) = tokio::sync::oneshot::channel::<()>();
+    // Installed before the model loads, so that a signal then stops the server too.
+    let mut stop = {
+        let _context = runtime.enter();
+        transport::Stop::new(load_failed)
+    };
     let engine = {
         let (metrics, loaded) = (metrics.clone(), loaded.clone());
         let (parallel, threads) = (options.parallel, options.threads);
@@ -121,43 +151,116 @@ where
         options: Arc::new(options),
         next_id: Arc::new(AtomicU64::new(1)),
     };
+    let shutdown_timeout = state.options.shutdown_timeout;
     let app = routes::router(state);
-    let served = runtime.block_on(async {
-        axum::serve(listener, app)
-            .with_graceful_shutdown(shutdown_signal(async {
-                if load_failed.await.is_err() {
-                    // Loaded (the sender is gone unused): only a signal stops the server.
-                    std::future::pending::<()>().await;
-                }
-            }))
-            .await
-    });
-    // The router (and with it the job sender) is gone: the engine ends its sequences and
-    // returns.
+    let stopped = runtime.block_on(transport::serve(
+        listener,
+        app,
+        policy,
+        registry,
+        shutdown_timeout,
+        &mut stop,
+    ));
+    if stopped.cut > 0 {
+        eprintln!(
+            "note: closed {} connection(s) still open {} s after the signal (--shutdown-timeout)",
+            stopped.cut,
+            shutdown_timeout.as_secs_f64()
+        );
+    }
+    // Drops what is left of the connections, and with them the job sender and the event
+    // receivers: the engine cancels its sequences before their next token and returns.
+    runtime.shutdown_timeout(Duration::from_millis(200));
+    let waited = Instant::now();
+    while !engine.is_finished() {
+        if waited.elapsed() > ENGINE_GRACE {
+            // Within a long prefill step: the process exits without waiting for it.
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let engine = engine
         .join()
         .map_err(|_| ServeError::Load("the engine panicked".into()))?;
-    engine.map_err(ServeError::Load)?;
-    served?;
+    engine.map_err(ServeError::Load)
+}
+
+/// How long the engine gets, once the connections are closed, to end its sequences.
+const ENGINE_GRACE: Duration = Duration::from_secs(1);
+
+/// Files the server keeps for itself beyond its connections (the model's files, the engine,
+/// standard streams), and for a burst of connections accepted before evicted ones close.
+const RESERVED_FILES: u64 = 64;
+
+/// Refuses options no client could use.
+fn check(options: &Options) -> Result<(), ServeError> {
+    if let Some(key) = &options.api_key {
+        let sendable = key.chars().all(|c| c.is_ascii_graphic() || c == ' ');
+        if key.is_empty() || key.trim() != key || !sendable {
+            return Err(ServeError::Options(
+                "--api-key must be non-empty printable ASCII without surrounding spaces: no client could send this one".into(),
+            ));
+        }
+    }
+    if let Some(bad) = (options.allowed_origins.iter()).find(|o| !guard::is_origin(o)) {
+        return Err(ServeError::Options(format!(
+            "--allowed-origin {bad:?} is not an origin: scheme://host[:port] (e.g. http://localhost:3000), or *"
+        )));
+    }
+    if options.read_timeout.is_zero() {
+        return Err(ServeError::Options(
+            "--read-timeout must be at least 1 s".into(),
+        ));
+    }
     Ok(())
 }
 
-/// SIGTERM, Ctrl-C, or `other`.
-async fn shutdown_signal(other: impl std::future::Future<Output = ()>) {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
+fn policy(options: &Options, local: SocketAddr) -> guard::Policy {
+    let lowercase = |names: &[String]| -> Vec<String> {
+        let trimmed = names.iter().map(|n| n.trim_end_matches('/'));
+        trimmed.map(str::to_ascii_lowercase).collect()
     };
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut signal) => {
-                signal.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {},
-        () = terminate => {},
-        () = other => {},
+    guard::Policy {
+        loopback_port: local.ip().is_loopback().then_some(local.port()),
+        allowed_hosts: lowercase(&options.allowed_hosts),
+        allowed_origins: lowercase(&options.allowed_origins),
+        body_limit: options.body_limit,
+        read_timeout: options.read_timeout,
     }
+}
+
+/// `wanted`, lowered to what the open-file limit leaves (its soft limit first raised to the
+/// hard one: every connection is a file).
+fn connection_cap(wanted: usize) -> usize {
+    let files: u64 = raise_open_file_limit();
+    let cap = files.saturating_sub(RESERVED_FILES).max(1);
+    if (wanted as u64) <= cap {
+        return wanted;
+    }
+    eprintln!(
+        "note: at most {cap} connections at once (the open-file limit is {files}), not {wanted}"
+    );
+    cap as usize
+}
+
+/// Raises the soft limit on open files to the hard limit, and returns the limit in force.
+fn raise_open_file_limit() -> libc::rlim_t {
+    let mut limit = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: getrlimit and setrlimit read and write only the struct given.
+    unsafe {
+        if libc::getrlimit(libc::RLIMIT_NOFILE, &mut limit) != 0 {
+            return 1024;
+        }
+        let raised = libc::rlimit {
+            rlim_cur: limit.rlim_max,
+            ..limit
+        };
+        if limit.rlim_cur < limit.rlim_max && libc::setrlimit(libc::RLIMIT_NOFILE, &raised) == 0 {
+            limit = raised;
+        }
+    }
+    limit.rlim_cur
 }

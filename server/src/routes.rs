@@ -43,6 +43,8 @@ pub(crate) fn router(state: State) -> axum::Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        // The key is checked first (the outer layer), then the body's type.
+        .route_layer(middleware::from_fn(crate::guard::json_only))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
     axum::Router::new()
         .merge(api)
@@ -68,7 +70,7 @@ async fn authorize(
             .get(header::AUTHORIZATION)
             .and_then(|v| v.to_str().ok())
             .and_then(|v| v.strip_prefix("Bearer "));
-        if given != Some(key.as_str()) {
+        if !crate::guard::same_key(given, key) {
             return ApiError::with_status(StatusCode::UNAUTHORIZED, "invalid or missing API key")
                 .into_response();
         }

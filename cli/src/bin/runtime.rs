@@ -188,6 +188,26 @@ struct ServeArgs {
     /// Largest request body, in bytes (larger ones get 413).
     #[arg(long, default_value_t = 1 << 20)]
     body_limit: usize,
+    /// Seconds a client has to send a request's head (counted from when the server starts
+    /// waiting for it, so also how long an idle connection is kept), and then its body.
+    #[arg(long, value_name = "SECS", default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    read_timeout: u64,
+    /// Seconds requests under way get to finish after SIGTERM or Ctrl-C before the server
+    /// exits anyway (a second signal: at once).
+    #[arg(long, value_name = "SECS", default_value_t = 20)]
+    shutdown_timeout: u64,
+    /// Connections open at once (at most what the open-file limit allows); at the cap a new
+    /// one closes the connection waiting longest without a request under way.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u64).range(1..))]
+    max_connections: u64,
+    /// Allow cross-origin requests from browser pages of this origin (CORS), e.g.
+    /// http://localhost:3000; `*` allows any. Repeatable. Others get 403.
+    #[arg(long = "allowed-origin", value_name = "ORIGIN")]
+    allowed_origins: Vec<String>,
+    /// When bound to a loopback address, also serve requests whose Host header names this
+    /// (e.g. behind a proxy that passes the client's Host on); `*` allows any. Repeatable.
+    #[arg(long = "allowed-host", value_name = "NAME")]
+    allowed_hosts: Vec<String>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -253,6 +273,11 @@ fn serve(args: &ServeArgs) -> Result<()> {
         model,
         body_limit: args.body_limit,
         threads: common.threads,
+        read_timeout: std::time::Duration::from_secs(args.read_timeout),
+        shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
+        max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
+        allowed_origins: args.allowed_origins.clone(),
+        allowed_hosts: args.allowed_hosts.clone(),
     };
     let listening = |address| {
         println!("listening on http://{address}");

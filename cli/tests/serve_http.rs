@@ -348,6 +348,34 @@ fn sigterm_exits_within_the_shutdown_deadline() {
     );
 }
 
+/// A second SIGTERM while requests under way are given their time stops the server at once.
+#[test]
+fn a_second_sigterm_exits_at_once() {
+    let Some(dir) = artifact_dir() else { return };
+    let mut server = Server::start(&dir, &["--shutdown-timeout", "60"]);
+    let body = json!({"prompt": COUNTING, "max_tokens": 4000, "temperature": 0, "stream": true})
+        .to_string();
+    let mut streamed = TcpStream::connect(&server.address).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        server.address,
+        body.len()
+    );
+    streamed.write_all(head.as_bytes()).unwrap();
+    let mut buffer = [0u8; 4096];
+    assert!(streamed.read(&mut buffer).unwrap() > 0);
+    server.terminate();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        server.wait_exit(Duration::ZERO).is_none(),
+        "exited at the first signal with a stream under way"
+    );
+    server.terminate();
+    let status = server.wait_exit(Duration::from_millis(1500));
+    let status = status.expect("still running 1.5 s after a second SIGTERM");
+    assert!(status.success(), "{status}");
+}
+
 /// POST bodies must be declared JSON (charset and other parameters allowed): 415 otherwise,
 /// so that a browser's form or `text/plain` POST (no CORS preflight) runs nothing.
 #[test]

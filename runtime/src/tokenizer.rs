@@ -389,6 +389,20 @@ impl Tokenizer {
             .map_err(|e| TokenizerError::Decode(e.to_string()))
     }
 
+    /// The bytes of text token `id` stands for, exact also when it holds part of a
+    /// character (which [`Self::decode`] shows as U+FFFD): the bytes of a generation's
+    /// tokens, one after another, are its text's. A special token, which `decode` leaves
+    /// out, has none.
+    pub fn token_bytes(&self, id: u32) -> Vec<u8> {
+        let text = self.decode(&[id]).unwrap_or_default();
+        if !text.contains(char::REPLACEMENT_CHARACTER) {
+            return text.into_bytes();
+        }
+        // Part of a character: the vocabulary entry's own bytes.
+        let token = self.inner.id_to_token(id).unwrap_or_default();
+        (byte_fallback(&token).or_else(|| byte_level(&token))).unwrap_or_else(|| text.into_bytes())
+    }
+
     /// An incremental decoder: yields text only once it forms whole UTF-8 characters.
     pub fn decode_stream(&self) -> TextStream<'_> {
         TextStream {
@@ -478,6 +492,28 @@ fn prepend_never(pre: &mut PreTokenizerWrapper) -> bool {
     }
 }
 
+/// A byte-fallback token's byte (SentencePiece's `<0xE3>`).
+fn byte_fallback(token: &str) -> Option<Vec<u8>> {
+    let hex = token.strip_prefix("<0x")?.strip_suffix('>')?;
+    let byte = u8::from_str_radix(hex, 16)
+        .ok()
+        .filter(|_| hex.len() == 2)?;
+    Some(vec![byte])
+}
+
+/// A byte-level BPE token's bytes (GPT-2's alphabet: a byte that prints is its own
+/// character, the others are U+0100 onwards in byte order).
+fn byte_level(token: &str) -> Option<Vec<u8>> {
+    let prints = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+    let shifted: Vec<u8> = (0..=255).filter(|&b| !prints(b)).collect();
+    (token.chars())
+        .map(|c| match u32::from(c) {
+            n @ 0..=255 => u8::try_from(n).ok().filter(|&b| prints(b)),
+            n => shifted.get(usize::try_from(n - 256).ok()?).copied(),
+        })
+        .collect()
+}
+
 type InnerStream<'a> = tokenizers::tokenizer::DecodeStream<
     'a,
     tokenizers::ModelWrapper,
@@ -504,6 +540,31 @@ impl TextStream<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn token_bytes_undo_the_byte_level_alphabet_and_byte_fallback() {
+        // GPT-2's alphabet, built forward: each byte's character.
+        let prints = |b: u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
+        let mut next = 256;
+        for byte in 0..=255u8 {
+            let c = if prints(byte) {
+                char::from(byte)
+            } else {
+                next += 1;
+                char::from_u32(next - 1).unwrap()
+            };
+            assert_eq!(byte_level(&c.to_string()), Some(vec![byte]), "{byte}");
+        }
+        // An emoji's first two bytes, a space before a word, a newline.
+        assert_eq!(byte_level("ðŁ"), Some(vec![0xF0, 0x9F]));
+        assert_eq!(byte_level("Ġsun"), Some(b" sun".to_vec()));
+        assert_eq!(byte_level("Ċ"), Some(b"\n".to_vec()));
+        assert_eq!(byte_level("▁sun"), None);
+        assert_eq!(byte_fallback("<0xE3>"), Some(vec![0xE3]));
+        for token in ["<0xZZ>", "<0x123>", "<0x>", "0xE3"] {
+            assert_eq!(byte_fallback(token), None, "{token}");
+        }
+    }
 
     /// A word-level tokenizer with Metaspace's `prepend_scheme: first` (Mistral v0.3's
     /// pre-tokenizer), `specials` its special added tokens, and a template writing

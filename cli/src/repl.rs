@@ -10,9 +10,9 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use anyhow::{Context, Result};
 use runtime::backend::KernelBackend;
 use runtime::cache::KvCache;
-use runtime::chat::{ChatError, ChatRequest, Message};
+use runtime::chat::{Message, render_in_child};
 use runtime::generate::{GenerateOptions, Generator};
-use runtime::tokenizer::Tokenizer;
+use runtime::tokenizer::{ContentSpecials, Tokenizer};
 
 /// Runs the conversation on stdin and stdout until `/exit` or end of input.
 pub fn run<B: KernelBackend>(
@@ -20,6 +20,7 @@ pub fn run<B: KernelBackend>(
     tokenizer: &Tokenizer,
     system: Option<&str>,
     options: GenerateOptions,
+    specials: ContentSpecials,
 ) -> Result<()> {
     let interrupted = Arc::new(AtomicBool::new(false));
     {
@@ -68,10 +69,8 @@ pub fn run<B: KernelBackend>(
         });
         // In a child process, as `--chat` renders: the template comes with the model.
         let prompt = tokenizer
-            .chat_messages(messages.clone())
-            .map_err(anyhow::Error::from)
-            .and_then(|request| Ok(render_in_this_program(&request)?))
-            .and_then(|rendered| Ok(tokenizer.encode_rendered(&rendered)?));
+            .encode_messages(messages.clone(), &render_in_child, specials)
+            .map_err(anyhow::Error::from);
         let prompt = match prompt {
             Ok(prompt) => prompt,
             Err(e) => {
@@ -121,20 +120,4 @@ pub fn run<B: KernelBackend>(
             content: answer.text,
         });
     }
-}
-
-/// [`runtime::chat::render_in_child`], in a child started from `/proc/self/exe`: the
-/// running program even once the file it was started from has been replaced or removed (a
-/// rebuild or an upgrade while a conversation goes on), where the path it was started from
-/// would start another program, or none, and fail every turn after.
-fn render_in_this_program(request: &ChatRequest) -> Result<String, ChatError> {
-    const RUNNING_PROGRAM: &str = "/proc/self/exe";
-    let exe = match std::path::Path::new(RUNNING_PROGRAM).exists() {
-        true => RUNNING_PROGRAM.into(),
-        false => std::env::current_exe()
-            .map_err(|e| ChatError::new(format!("cannot find this program: {e}")))?,
-    };
-    let mut command = std::process::Command::new(exe);
-    command.arg("render-chat");
-    runtime::chat::render_isolated(command, request)
 }

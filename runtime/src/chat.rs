@@ -22,9 +22,13 @@ const FUEL: u64 = 1_000_000;
 const RECURSION: usize = 64;
 /// Most bytes a rendered chat may have.
 pub const OUTPUT_LIMIT: usize = 16 << 20;
-/// Address space and time the child rendering a template gets.
+/// Address space and processor time the child rendering a template gets (a real template
+/// needs milliseconds)...
 const CHILD_MEMORY: u64 = 1 << 30;
-const CHILD_TIME: Duration = Duration::from_secs(20);
+const CHILD_CPU_SECONDS: u64 = 20;
+/// ...and time on the clock, far longer: on a machine busy with other work a child may wait
+/// long for a core, and that must not fail a request.
+const CHILD_TIME: Duration = Duration::from_secs(180);
 
 /// Why a chat could not be rendered.
 #[derive(Debug, thiserror::Error)]
@@ -197,6 +201,7 @@ pub fn render_isolated(mut command: Command, request: &ChatRequest) -> Result<St
         .stdout(Stdio::piped())
         .stderr(Stdio::piped());
     cap_address_space(&mut command, CHILD_MEMORY);
+    cap_cpu_time(&mut command, CHILD_CPU_SECONDS);
     let mut child = command
         .spawn()
         .map_err(|e| failed(format!("cannot start the renderer: {e}")))?;
@@ -238,6 +243,14 @@ pub fn render_isolated(mut command: Command, request: &ChatRequest) -> Result<St
     if status.success() {
         return String::from_utf8(stdout).map_err(|e| failed(e.to_string()));
     }
+    {
+        use std::os::unix::process::ExitStatusExt;
+        if status.signal() == Some(libc::SIGXCPU) {
+            return Err(failed(format!(
+                "it ran longer than {CHILD_CPU_SECONDS} s of processor time"
+            )));
+        }
+    }
     let message = String::from_utf8_lossy(&stderr);
     match message.lines().find_map(|l| l.strip_prefix("error: ")) {
         // The child's own error, already saying what went wrong.
@@ -255,8 +268,15 @@ pub fn render_isolated(mut command: Command, request: &ChatRequest) -> Result<St
 /// [`render_isolated`] in a child of the running program, which must answer the hidden
 /// `render-chat` command with [`serve`] (both of this project's binaries do).
 pub fn render_in_child(request: &ChatRequest) -> Result<String, ChatError> {
-    let exe =
-        std::env::current_exe().map_err(|e| ChatError(format!("cannot find this program: {e}")))?;
+    // The running program itself, also once the file it was started from has been replaced
+    // or removed (a rebuild or an upgrade while a conversation goes on), where that path
+    // would start another program, or none, and fail every turn after.
+    const RUNNING_PROGRAM: &str = "/proc/self/exe";
+    let exe = match std::path::Path::new(RUNNING_PROGRAM).exists() {
+        true => RUNNING_PROGRAM.into(),
+        false => std::env::current_exe()
+            .map_err(|e| ChatError(format!("cannot find this program: {e}")))?,
+    };
     let mut command = Command::new(exe);
     command.arg("render-chat");
     render_isolated(command, request)
@@ -290,6 +310,24 @@ pub fn cap_address_space(command: &mut Command, bytes: u64) {
                 rlim_max: bytes,
             };
             if libc::setrlimit(libc::RLIMIT_AS, &limit) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+}
+
+/// Caps the processor time of the process `command` starts at `seconds` (SIGXCPU then).
+fn cap_cpu_time(command: &mut Command, seconds: u64) {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: setrlimit is async-signal-safe; nothing else runs between fork and exec.
+    unsafe {
+        command.pre_exec(move || {
+            let limit = libc::rlimit {
+                rlim_cur: seconds,
+                rlim_max: seconds + 1,
+            };
+            if libc::setrlimit(libc::RLIMIT_CPU, &limit) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
             Ok(())

@@ -636,6 +636,11 @@ impl<B: KernelBackend> Sequence<'_, B> {
         self.prompt_tokens.saturating_sub(self.cache.len())
     }
 
+    /// Prompt tokens in the cache: run, or reused from a kept cache.
+    pub fn prefilled(&self) -> usize {
+        self.cache.len().min(self.prompt_tokens)
+    }
+
     /// Prompt tokens taken from a reused cache instead of run ([`Generator::start_from`]).
     pub fn reused_tokens(&self) -> usize {
         self.reused

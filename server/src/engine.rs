@@ -1,14 +1,18 @@
 //! The engine: one thread that owns the model and runs up to `parallel` sequences, a token
 //! of each per step, decoded together (`Generator::step_each`: one pass over the weights
 //! for all of them, each sequence's tokens what it would get alone), so every running
-//! request keeps streaming. New requests join between steps; a long prompt is prefilled
-//! a piece at a time between the others' steps (`Generator::admit`, `Generator::prefill`). Requests beyond that
-//! wait in the queue (the channel) in arrival order; a request whose client has gone (its
-//! event receiver dropped) is dropped before its next token.
+//! request keeps streaming. New requests join between steps; prompts are prefilled a piece
+//! at a time between the others' steps (`Generator::admit`, `Generator::prefill`), the
+//! shortest waiting prompt first, so that a short request is not stuck behind a long one.
+//! Requests beyond `parallel` wait in the queue (the channel) in arrival order; a request
+//! whose client has gone (its event receiver dropped) is dropped before its next token.
 //!
-//! Each finished sequence's KV cache is kept (up to `parallel` of them) with the ids it
-//! holds; a new request starts from the kept cache sharing the longest prefix with its
-//! prompt (the next turn of a conversation), so only what is new is prefilled.
+//! A sequence's KV cache grows as its positions fill (`runtime::cache`). Each finished
+//! sequence's cache is kept with the ids it holds, within a memory budget (least recently
+//! used dropped first); a new request starts from the kept cache of its scope sharing the
+//! longest prefix with its prompt (the next turn of a conversation), so only what is new
+//! is prefilled. Scopes (API key and `cache_salt`) keep one client's cached prefixes from
+//! showing in another's `cached_tokens`.
 //!
 //! The model runs on this thread inside the rayon pool, as the command line runs it.
 
@@ -25,10 +29,60 @@ use runtime::sampling::TokenLogprob;
 use runtime::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
-/// Prompt tokens prefilled between two decoding steps while other sequences are running:
-/// a long prompt joins in pieces, and the running streams pause for one piece at a time
-/// rather than for all of it (docs/BENCHMARKS.md has what a piece costs).
-const PREFILL_PIECE: usize = 128;
+/// Prompts are prefilled a piece at a time, between decoding steps and admissions, so that
+/// the running streams pause for one piece rather than a whole prompt, and a request that
+/// arrives meanwhile waits at most for the piece under way. A piece is this many tokens at
+/// the start of a prompt while others decode (docs/BENCHMARKS.md has what a piece costs)...
+const PIECE_DECODING: usize = 128;
+
+/// ...and this many when prefilling is all there is to do (a little faster per token).
+const PIECE_ALONE: usize = 384;
+
+/// A piece shrinks as the prompt's position grows, so that it takes about as long at any
+/// depth: each token attends to every one before it, and at this many positions attention
+/// costs about what the token's products cost.
+const PIECE_DEPTH: usize = 1024;
+
+/// Tokens of a prompt at position `depth` that cost what `budget` tokens cost at position 0.
+fn piece_at(depth: usize, budget: usize) -> usize {
+    (budget * PIECE_DEPTH / (PIECE_DEPTH + depth)).max(1)
+}
+
+/// A request the engine runs: its sequence, where its events go, its cache scope.
+type Active<'t, B> = (Sequence<'t, B>, UnboundedSender<Event>, String);
+
+/// A finished sequence's cache, kept for a later request of the same scope.
+struct KeptCache<B: KernelBackend> {
+    cache: KvCache<B>,
+    /// The ids whose keys and values it holds.
+    ids: Vec<u32>,
+    scope: String,
+}
+
+/// The kept caches, least recently used first.
+struct Kept<B: KernelBackend> {
+    caches: Vec<KeptCache<B>>,
+}
+
+impl<B: KernelBackend> Default for Kept<B> {
+    fn default() -> Self {
+        Self { caches: Vec::new() }
+    }
+}
+
+impl<B: KernelBackend> Kept<B> {
+    fn bytes(&self) -> u64 {
+        self.caches.iter().map(|k| k.cache.bytes()).sum()
+    }
+
+    /// Drops the least recently used caches until the rest fit in `budget` bytes.
+    fn fit(&mut self, budget: u64) {
+        let mut bytes = self.bytes();
+        while bytes > budget && !self.caches.is_empty() {
+            bytes -= self.caches.remove(0).cache.bytes();
+        }
+    }
+}
 
 /// A request for the engine: the prompt's ids and how to continue it, and where its events
 /// go.
@@ -90,6 +144,8 @@ pub struct Metrics {
     pub completion_tokens: AtomicU64,
     /// Nanoseconds spent running sequences (prefill and decode), for tok/s.
     pub busy_ns: AtomicU64,
+    /// Bytes the kept caches take.
+    pub kept_bytes: AtomicU64,
 }
 
 /// The model and tokenizer, once loaded; `parallel` sequences at most.
@@ -97,16 +153,17 @@ pub struct Engine<B: KernelBackend> {
     pub generator: Generator<B>,
     pub tokenizer: Arc<Tokenizer>,
     pub parallel: usize,
+    /// Bytes the kept caches of finished requests may take in all.
+    pub cache_budget: u64,
 }
 
 impl<B: KernelBackend> Engine<B> {
     /// Serves `jobs` until the channel closes and every running sequence has ended.
     pub fn run(&self, jobs: mpsc::Receiver<Job>, metrics: &Metrics) {
-        let mut running: Vec<(Sequence<'_, B>, UnboundedSender<Event>)> = Vec::new();
-        // Admitted, their prompts not yet all run, first come first served.
-        let mut prefilling: VecDeque<(Sequence<'_, B>, UnboundedSender<Event>)> = VecDeque::new();
-        let mut kept: Vec<(KvCache<B>, Vec<u32>)> = Vec::new();
-        let context = self.generator.config.max_position_embeddings;
+        let mut running: Vec<Active<'_, B>> = Vec::new();
+        // Admitted, their prompts not yet all run, in arrival order.
+        let mut prefilling: VecDeque<Active<'_, B>> = VecDeque::new();
+        let mut kept = Kept::default();
         let mut open = true;
         loop {
             // Admit waiting jobs into free slots; with nothing to do, wait for one.
@@ -134,25 +191,14 @@ impl<B: KernelBackend> Engine<B> {
                 if job.events.is_closed() {
                     continue;
                 }
-                // The kept cache sharing most with the prompt, else a fresh one for the whole
-                // context (pages are only touched as positions fill), so that the next turn
-                // fits in it.
-                let best = (0..kept.len()).max_by_key(|&i| common_prefix(&kept[i].1, &job.prompt));
-                let reuse = match best {
-                    Some(i) => Some(kept.swap_remove(i)),
-                    None => self
-                        .generator
-                        .new_cache(context)
-                        .ok()
-                        .map(|c| (c, Vec::new())),
-                };
+                let reuse = self.cache_for(&mut kept, &job.prompt, &job.scope);
                 match (self.generator).admit(&self.tokenizer, reuse, &job.prompt, job.options) {
                     Ok(mut sequence) => {
                         if let Some(top) = job.logprobs {
                             sequence.record_logprobs(top);
                         }
                         metrics.running.fetch_add(1, Ordering::Relaxed);
-                        prefilling.push_back((sequence, job.events));
+                        prefilling.push_back((sequence, job.events, job.scope));
                     }
                     Err(e) => {
                         let _ = job.events.send(Event::Failed(e.to_string()));
@@ -165,28 +211,43 @@ impl<B: KernelBackend> Engine<B> {
                 }
                 return;
             }
-            // A piece of the first waiting prompt: all of it when nothing is decoding, else
-            // PREFILL_PIECE tokens, so that the running streams wait at most that long.
-            if let Some((sequence, events)) = prefilling.front_mut() {
-                let piece = if running.is_empty() {
-                    usize::MAX
-                } else {
-                    PREFILL_PIECE
-                };
+            // A piece's worth of prefilling: the waiting prompt with the least left first (a
+            // short request is not stuck behind a long prompt), what is left of the piece
+            // to the oldest (a long prompt is not stuck behind a stream of short ones).
+            let budget = if running.is_empty() {
+                PIECE_ALONE
+            } else {
+                PIECE_DECODING
+            };
+            let mut chosen = Vec::new();
+            if let Some(shortest) =
+                (0..prefilling.len()).min_by_key(|&i| prefilling[i].0.prompt_left())
+            {
+                let sequence = &prefilling[shortest].0;
+                let piece = piece_at(sequence.prefilled(), budget);
+                let tokens = sequence.prompt_left().min(piece);
+                chosen.push((shortest, tokens));
+                let rest = budget * (piece - tokens) / piece;
+                if shortest != 0 && rest > 0 {
+                    chosen.push((0, piece_at(prefilling[0].0.prefilled(), rest)));
+                }
+            }
+            // The shortest first: its index is the larger, so removing it moves no other.
+            for (i, tokens) in chosen {
+                let (sequence, events, _) = &mut prefilling[i];
                 let started = Instant::now();
                 let prefilled = if events.is_closed() {
                     Err("the client went away".to_string())
                 } else {
-                    (self.generator.prefill(sequence, piece)).map_err(|e| e.to_string())
+                    (self.generator.prefill(sequence, tokens)).map_err(|e| e.to_string())
                 };
                 add_busy(metrics, started);
                 if !matches!(prefilled, Ok(false)) {
-                    let (sequence, events) = prefilling.pop_front().expect("the front");
+                    let active = prefilling.remove(i).expect("a chosen index");
                     match prefilled {
-                        Ok(_) => running.push((sequence, events)),
+                        Ok(_) => running.push(active),
                         Err(e) => {
-                            let busy = running.len() + prefilling.len();
-                            self.retire(sequence, events, Err(e), busy, &mut kept, metrics);
+                            self.retire(active, Err(e), &mut kept, metrics);
                         }
                     }
                 }
@@ -195,10 +256,9 @@ impl<B: KernelBackend> Engine<B> {
             let mut i = 0;
             while i < running.len() {
                 if running[i].1.is_closed() {
-                    let (sequence, events) = running.swap_remove(i);
+                    let active = running.swap_remove(i);
                     let gone = Err("the client went away".to_string());
-                    let busy = running.len() + prefilling.len();
-                    self.retire(sequence, events, gone, busy, &mut kept, metrics);
+                    self.retire(active, gone, &mut kept, metrics);
                 } else {
                     i += 1;
                 }
@@ -211,8 +271,10 @@ impl<B: KernelBackend> Engine<B> {
             let started = Instant::now();
             let mut texts = vec![String::new(); running.len()];
             let results = {
-                let mut sequences: Vec<&mut Sequence<'_, B>> =
-                    running.iter_mut().map(|(sequence, _)| sequence).collect();
+                let mut sequences: Vec<&mut Sequence<'_, B>> = running
+                    .iter_mut()
+                    .map(|(sequence, _, _)| sequence)
+                    .collect();
                 (self.generator).step_each(&mut sequences, |i, piece| texts[i].push_str(piece))
             };
             add_busy(metrics, started);
@@ -231,9 +293,8 @@ impl<B: KernelBackend> Engine<B> {
                     Ok(Some(_)) => Ok(()),
                     Err(e) => Err(e.to_string()),
                 };
-                let (sequence, events) = running.swap_remove(i);
-                let busy = running.len() + prefilling.len();
-                self.retire(sequence, events, outcome, busy, &mut kept, metrics);
+                let active = running.swap_remove(i);
+                self.retire(active, outcome, &mut kept, metrics);
             }
         }
     }
@@ -242,9 +303,7 @@ impl<B: KernelBackend> Engine<B> {
     fn logprob(&self, logprob: &TokenLogprob) -> Logprob {
         let token = |id: u32, logprob: f32, top: Vec<Logprob>| Logprob {
             token: self.tokenizer.decode(&[id]).unwrap_or_default(),
-            // Interim: exact except for a token holding part of a character (U+FFFD's
-            // bytes then), until the tokenizer gives a token's raw bytes.
-            bytes: (self.tokenizer.decode(&[id]).unwrap_or_default()).into_bytes(),
+            bytes: self.tokenizer.token_bytes(id),
             logprob,
             top,
         };
@@ -254,26 +313,66 @@ impl<B: KernelBackend> Engine<B> {
         token(logprob.id, logprob.logprob, top)
     }
 
+    /// The cache a prompt starts from: a kept one of its scope sharing a prefix with it,
+    /// taken if the prompt goes on from (at least half of) what it holds, as the next turn
+    /// of its conversation does, else a copy of the shared prefix (another conversation with
+    /// the same system prompt), which leaves the kept one for its own conversation; with no
+    /// prefix shared, a new cache for the whole context (its memory grows as it fills).
+    fn cache_for(
+        &self,
+        kept: &mut Kept<B>,
+        prompt: &[u32],
+        scope: &str,
+    ) -> Option<(KvCache<B>, Vec<u32>)> {
+        let context = self.generator.config.max_position_embeddings;
+        let shared =
+            |k: &KeptCache<B>| common_prefix(&k.ids[..k.cache.len().min(k.ids.len())], prompt);
+        let best = (kept.caches.iter().enumerate())
+            .filter(|(_, k)| k.scope == scope)
+            .map(|(i, k)| (i, shared(k)))
+            .filter(|&(_, shared)| shared > 0)
+            .max_by_key(|&(_, shared)| shared);
+        match best {
+            Some((i, shared)) if 2 * shared >= kept.caches[i].cache.len() => {
+                let taken = kept.caches.remove(i);
+                Some((taken.cache, taken.ids))
+            }
+            Some((i, shared)) => {
+                // The kept one was used: it is now the most recently used.
+                let source = kept.caches.remove(i);
+                let fork = (
+                    source.cache.fork(shared, context),
+                    source.ids[..shared].to_vec(),
+                );
+                kept.caches.push(source);
+                Some(fork)
+            }
+            None => self
+                .generator
+                .new_cache(context)
+                .ok()
+                .map(|c| (c, Vec::new())),
+        }
+    }
+
     /// Ends a sequence that has stopped (or failed, or lost its client): sends what is left
-    /// of its text and how it ended, counts it, and keeps its cache for a later turn (at
-    /// most `parallel` caches in all, `running` of them in use: the oldest kept goes).
+    /// of its text and how it ended, counts it, and keeps its cache for a later turn (kept
+    /// caches fit in `cache_budget` bytes: the least recently used go first).
     fn retire(
         &self,
-        sequence: Sequence<'_, B>,
-        events: UnboundedSender<Event>,
+        (sequence, events, scope): Active<'_, B>,
         outcome: Result<(), String>,
-        running: usize,
-        kept: &mut Vec<(KvCache<B>, Vec<u32>)>,
+        kept: &mut Kept<B>,
         metrics: &Metrics,
     ) {
         metrics.running.fetch_sub(1, Ordering::Relaxed);
         let mut rest = String::new();
         let cached_tokens = sequence.reused_tokens();
-        let (generation, cache) = sequence.finish_keeping_cache(&mut |piece| rest.push_str(piece));
-        while !kept.is_empty() && kept.len() + running >= self.parallel {
-            kept.remove(0);
-        }
-        kept.push(cache);
+        let (generation, (cache, ids)) =
+            sequence.finish_keeping_cache(&mut |piece| rest.push_str(piece));
+        kept.caches.push(KeptCache { cache, ids, scope });
+        kept.fit(self.cache_budget);
+        metrics.kept_bytes.store(kept.bytes(), Ordering::Relaxed);
         if !rest.is_empty() {
             let _ = events.send(Event::Text(rest));
         }

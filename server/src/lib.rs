@@ -23,7 +23,7 @@ use std::time::{Duration, Instant};
 
 use runtime::backend::KernelBackend;
 use runtime::generate::Generator;
-use runtime::tokenizer::Tokenizer;
+use runtime::tokenizer::{ContentSpecials, Tokenizer};
 
 use crate::engine::{Engine, Job, Metrics};
 
@@ -55,6 +55,12 @@ pub struct Options {
     pub allowed_origins: Vec<String>,
     /// Host names served besides loopback ones when bound to a loopback address (`*`: any).
     pub allowed_hosts: Vec<String>,
+    /// Bytes the KV caches kept from finished requests (for the next turn of their
+    /// conversations) may take in all; the least recently used are dropped first.
+    pub cache_budget: u64,
+    /// What special-token text inside a chat message becomes: plain text (the default, so
+    /// that a user cannot forge the template's turns) or the special token.
+    pub content_specials: ContentSpecials,
 }
 
 /// What the HTTP side needs of the loaded model.
@@ -118,6 +124,7 @@ where
     let engine = {
         let (metrics, loaded) = (metrics.clone(), loaded.clone());
         let (parallel, threads) = (options.parallel, options.threads);
+        let cache_budget = options.cache_budget;
         std::thread::Builder::new()
             .name("engine".into())
             .spawn(move || -> Result<(), String> {
@@ -137,6 +144,7 @@ where
                         generator,
                         tokenizer,
                         parallel,
+                        cache_budget,
                     };
                     engine.run(queue, &metrics);
                     Ok(())

@@ -17,8 +17,9 @@ use axum::middleware::{self, Next};
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
+use runtime::chat::ChatRequest;
 use runtime::generate::{GenerateOptions, StopReason};
-use runtime::tokenizer::{Tokenizer, TokenizerError};
+use runtime::tokenizer::{ContentSpecials, Tokenizer, TokenizerError};
 use serde_json::{Value, json};
 use tokio::sync::mpsc as async_mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -184,10 +185,11 @@ async fn start(
     check_model(state, &request)?;
     let tokenizer = loaded.tokenizer.clone();
     let prompts = request.prompts.clone();
+    let specials = state.options.content_specials;
     // Rendering a template and tokenizing are CPU work: off the async threads.
     let prompts = tokio::task::spawn_blocking(move || {
         (prompts.into_iter())
-            .map(|prompt| tokenize(&tokenizer, prompt))
+            .map(|prompt| tokenize(&tokenizer, prompt, specials))
             .collect::<Result<Vec<_>, _>>()
     })
     .await
@@ -235,16 +237,17 @@ fn check_model(state: &State, request: &Request) -> Result<(), ApiError> {
 
 /// A prompt's token ids: a conversation through the chat template, text through the
 /// tokenizer, token ids checked against the vocabulary.
-fn tokenize(tokenizer: &Tokenizer, prompt: Prompt) -> Result<Vec<u32>, ApiError> {
+fn tokenize(
+    tokenizer: &Tokenizer,
+    prompt: Prompt,
+    specials: ContentSpecials,
+) -> Result<Vec<u32>, ApiError> {
     let param = prompt.param();
     let invalid = |e: TokenizerError| ApiError::invalid_field(param, e.to_string());
     let ids = match prompt {
-        Prompt::Chat(messages) => {
-            let rendered = (tokenizer.chat_messages(messages).map_err(invalid)?)
-                .render()
-                .map_err(|e| ApiError::invalid_field(param, e.to_string()))?;
-            tokenizer.encode_rendered(&rendered).map_err(invalid)?
-        }
+        Prompt::Chat(messages) => tokenizer
+            .encode_messages(messages, &ChatRequest::render, specials)
+            .map_err(invalid)?,
         Prompt::Text(text) => tokenizer.encode(&text).map_err(invalid)?,
         Prompt::Ids(ids) => {
             let max = tokenizer.max_id();

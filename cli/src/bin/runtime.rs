@@ -15,7 +15,7 @@ use runtime::files;
 use runtime::generate::{GenerateOptions, Generation, Generator};
 use runtime::load::Weights;
 use runtime::sampling::{SamplingParams, defaults};
-use runtime::tokenizer::Tokenizer;
+use runtime::tokenizer::{ContentSpecials, Tokenizer};
 use runtime::{FlexBackend, NdArrayBackend};
 use serde_json::json;
 
@@ -87,6 +87,10 @@ struct GenerateArgs {
     /// System message for --chat.
     #[arg(long, requires = "chat")]
     system: Option<String>,
+    /// With --chat: special-token text in the prompt and --system (`<|im_start|>`) becomes
+    /// the control token itself, as in the template's own markup, instead of plain text.
+    #[arg(long, requires = "chat")]
+    special_in_content: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -153,6 +157,10 @@ struct ChatArgs {
     /// System message at the start of the conversation.
     #[arg(long)]
     system: Option<String>,
+    /// Special-token text typed in a message (`<|im_start|>`) becomes the control token
+    /// itself instead of plain text.
+    #[arg(long)]
+    special_in_content: bool,
     #[command(flatten)]
     sampling: SamplingArgs,
     #[command(flatten)]
@@ -185,6 +193,10 @@ struct ServeArgs {
     /// Require `Authorization: Bearer KEY` on the /v1 routes.
     #[arg(long)]
     api_key: Option<String>,
+    /// Special-token text in a chat message (`<|im_start|>`) becomes the control token
+    /// itself, as llama-server and vLLM read it, instead of plain text.
+    #[arg(long)]
+    special_in_content: bool,
     /// Largest request body, in bytes (larger ones get 413).
     #[arg(long, default_value_t = 1 << 20)]
     body_limit: usize,
@@ -208,6 +220,11 @@ struct ServeArgs {
     /// (e.g. behind a proxy that passes the client's Host on); `*` allows any. Repeatable.
     #[arg(long = "allowed-host", value_name = "NAME")]
     allowed_hosts: Vec<String>,
+    /// MiB the KV caches kept from finished requests (so that a conversation's next turn
+    /// prefills only what is new) may take in all; the least recently used go first.
+    /// 0 keeps none. Default: a quarter of the memory available at start, at most 8192.
+    #[arg(long, value_name = "MIB")]
+    cache_ram: Option<u64>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -250,6 +267,7 @@ fn run_on<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<()> {
                 &tokenizer,
                 args.system.as_deref(),
                 args.sampling.options()?,
+                specials(args.special_in_content),
             )
         }
         Some(Command::RenderChat | Command::Serve(_)) => {
@@ -265,6 +283,13 @@ fn serve(args: &ServeArgs) -> Result<()> {
     let common = args.common.clone();
     let model = (common.artifacts.file_name())
         .map_or("model".into(), |name| name.to_string_lossy().into_owned());
+    let cache_budget = match args.cache_ram {
+        Some(mib) => mib.saturating_mul(1 << 20),
+        None => runtime::cache::available_memory()
+            .map_or(1 << 30, |a| a / 4)
+            .min(8 << 30),
+    };
+    check_parallel(&common, args.parallel.into())?;
     let options = server::Options {
         host: args.host.clone(),
         port: args.port,
@@ -273,11 +298,13 @@ fn serve(args: &ServeArgs) -> Result<()> {
         model,
         body_limit: args.body_limit,
         threads: common.threads,
+        cache_budget,
         read_timeout: std::time::Duration::from_secs(args.read_timeout),
         shutdown_timeout: std::time::Duration::from_secs(args.shutdown_timeout),
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         allowed_origins: args.allowed_origins.clone(),
         allowed_hosts: args.allowed_hosts.clone(),
+        content_specials: specials(args.special_in_content),
     };
     let listening = |address| {
         println!("listening on http://{address}");
@@ -315,6 +342,36 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     let tokenizer = Tokenizer::from_dir(dir)?;
     tokenizer.check_fits(&generator.config)?;
     Ok((generator, tokenizer))
+}
+
+/// What special-token text in a chat message becomes (`--special-in-content`).
+fn specials(live: bool) -> ContentSpecials {
+    if live {
+        ContentSpecials::Live
+    } else {
+        ContentSpecials::Text
+    }
+}
+
+/// Refuses a `--parallel` whose requests could not each hold even a short prompt's KV cache
+/// (one block of positions) in the memory available: caches grow as they fill, so this is
+/// the least `--parallel` requests need, not the most.
+fn check_parallel(common: &CommonArgs, parallel: usize) -> Result<()> {
+    let path = common.artifacts.join(runtime::artifact::CONFIG_FILE);
+    // An unreadable config is the loader's to report, with the rest of the artifact.
+    let Ok(config) = runtime::config::LlamaConfig::from_file(&path) else {
+        return Ok(());
+    };
+    let blocks = runtime::cache::bytes_for(&config, runtime::cache::BLOCK, common.kv_cache)
+        .saturating_mul(parallel as u64);
+    match runtime::cache::available_memory() {
+        Some(available) if blocks > available => bail!(
+            "--parallel {parallel} needs {} MB for the KV caches of {parallel} short requests, more than the {} MB available; ask for fewer",
+            blocks >> 20,
+            available >> 20
+        ),
+        _ => Ok(()),
+    }
 }
 
 /// The most bytes of text `tokens` tokens can cover: more is never tokenized whole.
@@ -356,7 +413,8 @@ fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<(
         // In a child process: the template comes with the model, and memory is the one
         // thing rendering it in this process can't bound.
         let request = tokenizer.chat_request(args.system.as_deref(), &prompt)?;
-        tokenizer.encode_rendered(&runtime::chat::render_in_child(&request)?)?
+        let specials = specials(args.special_in_content);
+        tokenizer.encode_request(&request, &runtime::chat::render_in_child, specials)?
     } else {
         tokenizer.encode(&prompt)?
     };

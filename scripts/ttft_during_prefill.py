@@ -5,7 +5,7 @@ is being prefilled alone by `runtime serve`, and the long prompt's own time, sev
 usage: ttft_during_prefill.py RUNTIME_BINARY ARTIFACT_DIR [LONG_WORDS] [ROUNDS]
 
 LONG_WORDS (default 7000) words of text make a prompt of about 1.15 tokens a word for
-SmolLM2; the short request is sent 2, 15 and 30 s after the long one (early, middle and late
+SmolLM2; the short request is sent 2, 8 and 14 s after the long one (early, middle and late
 in its prefill on 2 cores).
 """
 import json
@@ -52,7 +52,7 @@ def first_token(base, started):
 
 sentence = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
 for repeat in range(rounds):
-    for delay in (2.0, 15.0, 30.0):
+    for delay in (2.0, 8.0, 14.0):
         p, base = server()
         text = f"Round {repeat} {delay}. " + sentence * (words // 14)
         long_body = {"messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": 1}

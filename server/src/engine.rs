@@ -35,13 +35,15 @@ use tokio::sync::mpsc::UnboundedSender;
 /// the start of a prompt while others decode (docs/BENCHMARKS.md has what a piece costs)...
 const PIECE_DECODING: usize = 128;
 
-/// ...and this many when prefilling is all there is to do (a little faster per token).
-const PIECE_ALONE: usize = 384;
+/// ...and this many when prefilling is all there is to do: fewer, larger pieces, since each
+/// costs a pass over the weights of its own (bf16 weights widened for gemm: a piece
+/// takes about a second on 2 cores, the longest a request arriving meanwhile waits).
+const PIECE_ALONE: usize = 1024;
 
 /// A piece shrinks as the prompt's position grows, so that it takes about as long at any
-/// depth: each token attends to every one before it, and at this many positions attention
-/// costs about what the token's products cost.
-const PIECE_DEPTH: usize = 1024;
+/// depth: each token attends to every one before it, and at about this many positions
+/// attention costs what the token's products cost (SmolLM2 on 2 cores).
+const PIECE_DEPTH: usize = 3072;
 
 /// Tokens of a prompt at position `depth` that cost what `budget` tokens cost at position 0.
 fn piece_at(depth: usize, budget: usize) -> usize {
@@ -164,6 +166,8 @@ impl<B: KernelBackend> Engine<B> {
         // Admitted, their prompts not yet all run, in arrival order.
         let mut prefilling: VecDeque<Active<'_, B>> = VecDeque::new();
         let mut kept = Kept::default();
+        // Pieces the oldest waiting prompt has gone without in a row.
+        let mut passed_over = 0;
         let mut open = true;
         loop {
             // Admit waiting jobs into free slots; with nothing to do, wait for one.
@@ -211,30 +215,26 @@ impl<B: KernelBackend> Engine<B> {
                 }
                 return;
             }
-            // A piece's worth of prefilling: the waiting prompt with the least left first (a
-            // short request is not stuck behind a long prompt), what is left of the piece
-            // to the oldest (a long prompt is not stuck behind a stream of short ones).
-            let budget = if running.is_empty() {
-                PIECE_ALONE
-            } else {
-                PIECE_DECODING
+            // A piece of the waiting prompt with the least left (a short request is not
+            // stuck behind a long prompt), or of the oldest once it has been passed over
+            // twice (a long prompt is not stuck behind a stream of short ones).
+            let shortest = (0..prefilling.len()).min_by_key(|&i| prefilling[i].0.prompt_left());
+            let chosen = match shortest {
+                Some(i) if i != 0 && passed_over >= 2 => Some(0),
+                other => other,
             };
-            let mut chosen = Vec::new();
-            if let Some(shortest) =
-                (0..prefilling.len()).min_by_key(|&i| prefilling[i].0.prompt_left())
-            {
-                let sequence = &prefilling[shortest].0;
-                let piece = piece_at(sequence.prefilled(), budget);
-                let tokens = sequence.prompt_left().min(piece);
-                chosen.push((shortest, tokens));
-                let rest = budget * (piece - tokens) / piece;
-                if shortest != 0 && rest > 0 {
-                    chosen.push((0, piece_at(prefilling[0].0.prefilled(), rest)));
-                }
-            }
-            // The shortest first: its index is the larger, so removing it moves no other.
-            for (i, tokens) in chosen {
+            passed_over = match chosen {
+                Some(i) if i != 0 => passed_over + 1,
+                _ => 0,
+            };
+            if let Some(i) = chosen {
+                let budget = if running.is_empty() {
+                    PIECE_ALONE
+                } else {
+                    PIECE_DECODING
+                };
                 let (sequence, events, _) = &mut prefilling[i];
+                let tokens = piece_at(sequence.prefilled(), budget);
                 let started = Instant::now();
                 let prefilled = if events.is_closed() {
                     Err("the client went away".to_string())

@@ -23,7 +23,7 @@ def server():
 def ask(base, messages, max_tokens=1):
     body = json.dumps({"messages": messages, "temperature": 0, "max_tokens": max_tokens}).encode()
     t = time.perf_counter()
-    r = json.load(urllib.request.urlopen(urllib.request.Request(base + "/v1/chat/completions", body)))
+    r = json.load(urllib.request.urlopen(urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})))
     return time.perf_counter() - t, r
 history = "The quick brown fox jumps over the lazy dog. " * 100
 turn1 = [{"role": "system", "content": history}, {"role": "user", "content": "Summarize the text in five words."}]

@@ -32,29 +32,14 @@ pub struct Server {
 
 impl Server {
     pub fn start(dir: &str, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_runtime"))
+        let child = Command::new(env!("CARGO_BIN_EXE_runtime"))
             .args(["serve", "--port", "0", "--artifacts", dir])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let address = line
-            .trim()
-            .strip_prefix("listening on http://")
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        let server = Self { child, address };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while server.get("/health").0 != 200 {
-            assert!(Instant::now() < deadline, "not ready after 60 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
+        Self::ready(child)
     }
 
     pub fn request(

@@ -177,6 +177,7 @@ fn parent_streams(cli: &Cli) -> Result<()> {
         .first()
         .copied()
         .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let host = host(std::thread::available_parallelism().map_or(1, |n| n.get()));
     let engines: Vec<Engine> = (cli.backends.iter().map(|b| Engine::Ours(b.name())))
         .chain(cli.gguf.iter().map(Engine::LlamaCpp))
         .collect();
@@ -232,7 +233,7 @@ fn parent_streams(cli: &Cli) -> Result<()> {
             json_lines.push(serde_json::json!({
                 "engine": name, "threads": threads, "runs": cli.runs, "streams": n,
                 "aggregate_tok_s": total, "ttft_ms": ttft_ms, "weights": cli.weights.to_string(),
-                "kv_cache": cli.kv_cache.to_string(),
+                "kv_cache": cli.kv_cache.to_string(), "host": host,
             }));
         }
     }
@@ -357,6 +358,7 @@ fn parent(cli: &Cli) -> Result<()> {
     } else {
         cli.threads.clone()
     };
+    let host = host(cores);
     let bandwidth = read_bandwidth_gb_s(cores);
     eprintln!("read bandwidth: {bandwidth:.1} GB/s ({cores} threads, best of 3 passes over 1 GiB)");
     let tg = match cli.depth {
@@ -412,7 +414,7 @@ fn parent(cli: &Cli) -> Result<()> {
             "engine": name, "threads": threads, "runs": cli.runs, "load_s": load,
             "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128, "depth": cli.depth,
             "weights": weights, "kv_cache": kv_cache,
-            "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth,
+            "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth, "host": host,
             "tg_bound_tok_s": bound, "tg_percent_of_bound": percent,
         }));
     }
@@ -498,6 +500,20 @@ fn llama_cpp<T: serde::de::DeserializeOwned>(
         bail!("failed ({}): {message}", out.status);
     }
     Ok(serde_json::from_slice(&out.stdout)?)
+}
+
+/// The machine the figures come from, printed to stderr and returned for the JSON lines:
+/// the CPU's model (/proc/cpuinfo), its vector features, and which build of the kernels it
+/// runs. Figures are comparable only within one host.
+fn host(cores: usize) -> serde_json::Value {
+    let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = (info.lines())
+        .find_map(|line| line.strip_prefix("model name")?.split_once(':'))
+        .map_or("unknown".into(), |(_, name)| name.trim().to_string());
+    let features = runtime::kernels::simd::cpu_features().join(" ");
+    let kernels = runtime::kernels::simd::tier();
+    eprintln!("host: {cpu}, {cores} cores; {features}; kernels: {kernels}");
+    serde_json::json!({"cpu": cpu, "cores": cores, "features": features, "kernels": kernels})
 }
 
 /// Streaming read bandwidth: `threads` threads each sum their share of a 1 GiB buffer, far

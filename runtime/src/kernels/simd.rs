@@ -15,6 +15,47 @@ use std::sync::atomic::{AtomicU32, Ordering};
 /// Independent accumulators per reduction: one AVX-512 register of f32.
 const LANES: usize = 16;
 
+/// Which build of the kernels this CPU runs (`multiversioned!` picks it at each call by the
+/// same test): "avx512", "avx2" or "portable". For reports such as `bench`'s host line.
+pub fn tier() -> &'static str {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
+            return "avx512";
+        }
+        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
+            return "avx2";
+        }
+    }
+    "portable"
+}
+
+/// The vector features of this CPU that matter to the kernels, present or not, as
+/// `name` / `-name`: which host a figure came from (the bf16 and int8 dot products are
+/// what llama.cpp's fastest paths use).
+pub fn cpu_features() -> Vec<String> {
+    let mut features = Vec::new();
+    #[cfg(target_arch = "x86_64")]
+    {
+        let present = [
+            ("avx2", std::is_x86_feature_detected!("avx2")),
+            ("fma", std::is_x86_feature_detected!("fma")),
+            ("avx512f", std::is_x86_feature_detected!("avx512f")),
+            ("avx512bf16", std::is_x86_feature_detected!("avx512bf16")),
+            ("avx512vnni", std::is_x86_feature_detected!("avx512vnni")),
+            ("avx512fp16", std::is_x86_feature_detected!("avx512fp16")),
+        ];
+        for (name, present) in present {
+            features.push(if present {
+                name.to_string()
+            } else {
+                format!("-{name}")
+            });
+        }
+    }
+    features
+}
+
 /// Defines `pub fn $name` running `$body` compiled with AVX-512 (and FMA) when the CPU has
 /// it, else with AVX2 and FMA when it has those (a `mul_add` is then one instruction, not a
 /// call to libm's `fmaf`). The body and the `#[inline(always)]` helpers it calls are inlined into a function

@@ -13,6 +13,7 @@ mod connections;
 pub mod engine;
 pub mod error;
 mod guard;
+mod reply;
 mod routes;
 mod transport;
 

@@ -1,12 +1,9 @@
-//! The HTTP routes: OpenAI's chat and completions endpoints (plain and streamed), the model
-//! list, health and metrics; errors in OpenAI's envelope for every failure, routing ones
-//! included.
+//! The HTTP routes: OpenAI's chat and completions endpoints (a request checked, tokenized
+//! and queued for the engine; the answer built by [`crate::reply`]), the model list, health
+//! and metrics; errors in OpenAI's envelope for every failure, routing ones included.
 
-use std::collections::VecDeque;
-use std::convert::Infallible;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
-use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
 use axum::body::Bytes;
@@ -14,20 +11,18 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, Request as HttpRequest};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
-use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use runtime::chat::ChatRequest;
-use runtime::generate::{GenerateOptions, StopReason};
+use runtime::generate::GenerateOptions;
 use runtime::tokenizer::{ContentSpecials, Tokenizer, TokenizerError};
-use serde_json::{Value, json};
+use serde_json::json;
 use tokio::sync::mpsc as async_mpsc;
-use tokio_stream::wrappers::UnboundedReceiverStream;
-use tokio_stream::{StreamExt, StreamMap};
 
 use crate::api::{self, Prompt, Request};
-use crate::engine::{Event, Job, Logprob, Metrics};
+use crate::engine::{Event, Job, Metrics};
 use crate::error::ApiError;
+use crate::reply::{Kind, Reply};
 use crate::{Loaded, Options};
 
 #[derive(Clone)]
@@ -136,12 +131,6 @@ async fn completions(
     respond(state, &headers, body, Kind::Completion).await
 }
 
-#[derive(Clone, Copy, PartialEq)]
-enum Kind {
-    Chat,
-    Completion,
-}
-
 async fn respond(
     state: State,
     headers: &HeaderMap,
@@ -150,7 +139,9 @@ async fn respond(
 ) -> Response {
     match start(&state, headers, body, kind).await {
         Ok((request, events)) => {
-            let reply = Reply::new(&state, kind, request.logprobs.is_some());
+            let n = state.next_id.fetch_add(1, Ordering::Relaxed);
+            let model = state.options.model.clone();
+            let reply = Reply::new(kind, n, model, request.logprobs.is_some());
             if request.stream {
                 reply.stream(events, request.include_usage).into_response()
             } else {
@@ -319,400 +310,9 @@ fn scope(headers: &HeaderMap, salt: Option<&str>) -> String {
     format!("{}{}", part(key), part(salt.map(str::to_string)))
 }
 
-/// Builds a response's JSON objects in OpenAI's shapes.
-struct Reply {
-    kind: Kind,
-    id: String,
-    created: u64,
-    /// The served model's name (a request naming another is refused).
-    model: String,
-    /// Whether the request asked for log-probabilities (else `logprobs` is null).
-    logprobs: bool,
-}
-
-/// What one choice has sent so far, while streaming.
-#[derive(Default)]
-struct Streamed {
-    started: bool,
-    text: String,
-    pending: Pending,
-    offsets: Offsets,
-}
-
-impl Reply {
-    fn new(state: &State, kind: Kind, logprobs: bool) -> Self {
-        let n = state.next_id.fetch_add(1, Ordering::Relaxed);
-        let prefix = match kind {
-            Kind::Chat => "chatcmpl",
-            Kind::Completion => "cmpl",
-        };
-        Self {
-            kind,
-            id: format!("{prefix}-{n}"),
-            created: SystemTime::now()
-                .duration_since(UNIX_EPOCH)
-                .map_or(0, |d| d.as_secs()),
-            model: state.options.model.clone(),
-            logprobs,
-        }
-    }
-
-    fn object(&self, chunk: bool) -> &'static str {
-        match (self.kind, chunk) {
-            (Kind::Chat, false) => "chat.completion",
-            (Kind::Chat, true) => "chat.completion.chunk",
-            (Kind::Completion, _) => "text_completion",
-        }
-    }
-
-    /// Choice `index`: the whole text, or a streamed delta, with `logprobs` (the value of
-    /// its `logprobs` field).
-    fn choice(
-        &self,
-        index: usize,
-        text: Option<&str>,
-        first: bool,
-        finish: Option<StopReason>,
-        chunk: bool,
-        logprobs: Value,
-    ) -> Value {
-        let finish_reason = finish.map(|reason| match reason {
-            StopReason::Eos | StopReason::Stop => "stop",
-            StopReason::Length => "length",
-        });
-        match (self.kind, chunk) {
-            (Kind::Chat, false) => json!({
-                "index": index, "logprobs": logprobs, "finish_reason": finish_reason,
-                "message": {"role": "assistant", "content": text.unwrap_or_default()},
-            }),
-            (Kind::Chat, true) => {
-                let mut delta = serde_json::Map::new();
-                if first {
-                    delta.insert("role".into(), "assistant".into());
-                }
-                if let Some(text) = text {
-                    delta.insert("content".into(), text.into());
-                }
-                json!({"index": index, "logprobs": logprobs, "finish_reason": finish_reason, "delta": delta})
-            }
-            (Kind::Completion, _) => json!({
-                "index": index, "logprobs": logprobs, "finish_reason": finish_reason,
-                "text": text.unwrap_or_default(),
-            }),
-        }
-    }
-
-    /// OpenAI's `logprobs` object: chat's `content` list (token, logprob, bytes,
-    /// top_logprobs), or the completions API's parallel lists, whose `text_offset`s are
-    /// `offsets`. Null if not asked for.
-    fn logprobs_value(&self, logprobs: &[Logprob], offsets: &[usize]) -> Value {
-        if !self.logprobs {
-            return Value::Null;
-        }
-        let entry = |l: &Logprob| json!({"token": l.token, "logprob": l.logprob, "bytes": l.bytes});
-        match self.kind {
-            Kind::Chat => {
-                let content: Vec<Value> = logprobs
-                    .iter()
-                    .map(|l| {
-                        let mut value = entry(l);
-                        value["top_logprobs"] = l.top.iter().map(entry).collect();
-                        value
-                    })
-                    .collect();
-                json!({"content": content})
-            }
-            Kind::Completion => json!({
-                "tokens": logprobs.iter().map(|l| l.token.as_str()).collect::<Vec<_>>(),
-                "token_logprobs": logprobs.iter().map(|l| l.logprob).collect::<Vec<_>>(),
-                "top_logprobs": logprobs.iter().map(|l| {
-                    l.top.iter().map(|t| (t.token.clone(), json!(t.logprob))).collect::<serde_json::Map<_, _>>()
-                }).collect::<Vec<_>>(),
-                "text_offset": offsets,
-            }),
-        }
-    }
-
-    fn envelope(&self, choices: Vec<Value>, usage: Option<Value>, chunk: bool) -> Value {
-        let mut body = json!({
-            "id": self.id, "object": self.object(chunk), "created": self.created,
-            "model": self.model, "choices": choices,
-        });
-        if let Some(usage) = usage {
-            body["usage"] = usage;
-        }
-        body
-    }
-
-    /// The whole answer as one JSON response: every choice, in order.
-    async fn whole(self, events: Vec<async_mpsc::UnboundedReceiver<Event>>) -> Response {
-        let mut choices = Vec::with_capacity(events.len());
-        let mut usage = Usage::default();
-        for (index, mut events) in events.into_iter().enumerate() {
-            let mut text = String::new();
-            let mut logprobs = Vec::new();
-            let reason = loop {
-                match events.recv().await {
-                    Some(Event::Text(piece)) => text.push_str(&piece),
-                    Some(Event::Logprobs(more)) => logprobs.extend(more),
-                    Some(Event::Done {
-                        reason,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                    }) => {
-                        usage.add(prompt_tokens, cached_tokens, completion_tokens);
-                        break reason;
-                    }
-                    Some(Event::Failed(message)) => return failed(message).into_response(),
-                    None => return failed("the engine stopped".into()).into_response(),
-                }
-            };
-            let offsets = Offsets::default().next(&text, &logprobs);
-            let logprobs = self.logprobs_value(&logprobs, &offsets);
-            choices.push(self.choice(index, Some(&text), false, Some(reason), false, logprobs));
-        }
-        Json(self.envelope(choices, Some(usage.value()), false)).into_response()
-    }
-
-    /// Server-sent events: a chunk per piece of a choice's text, with the log-probabilities
-    /// of the tokens it completes; one per choice with its finish reason (and the
-    /// log-probabilities of tokens whose text never came: a stop string's); usage if asked
-    /// for, then `[DONE]`. A failure after the stream began is an `error` chunk.
-    fn stream(
-        self,
-        events: Vec<async_mpsc::UnboundedReceiver<Event>>,
-        include_usage: bool,
-    ) -> Sse<UnboundedReceiverStream<Result<SseEvent, Infallible>>> {
-        let (out, stream) = async_mpsc::unbounded_channel();
-        tokio::spawn(async move {
-            let send = |value: Value| out.send(Ok(SseEvent::default().data(value.to_string())));
-            let mut choices: Vec<Streamed> = events.iter().map(|_| Streamed::default()).collect();
-            let mut events: StreamMap<usize, UnboundedReceiverStream<Event>> =
-                (events.into_iter().map(UnboundedReceiverStream::new))
-                    .enumerate()
-                    .collect();
-            let mut usage = Usage::default();
-            let mut running = choices.len();
-            while let Some((index, event)) = events.next().await {
-                let choice = &mut choices[index];
-                let value = match event {
-                    Event::Logprobs(logprobs) => {
-                        choice.pending.push(logprobs);
-                        continue;
-                    }
-                    Event::Text(piece) => {
-                        choice.text.push_str(&piece);
-                        let logprobs = choice.pending.release(&piece);
-                        self.chunk(index, choice, Some(&piece), None, &logprobs)
-                    }
-                    Event::Done {
-                        reason,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                    } => {
-                        usage.add(prompt_tokens, cached_tokens, completion_tokens);
-                        running -= 1;
-                        let logprobs = choice.pending.rest();
-                        self.chunk(index, choice, None, Some(reason), &logprobs)
-                    }
-                    Event::Failed(message) => {
-                        let _ = send(failed(message).body());
-                        return;
-                    }
-                };
-                if send(self.envelope(vec![value], None, true)).is_err() {
-                    // The client is gone: dropping `events` cancels the request.
-                    return;
-                }
-                if running == 0 {
-                    break;
-                }
-            }
-            if running > 0 {
-                let _ = send(failed("the engine stopped".into()).body());
-                return;
-            }
-            if include_usage {
-                let _ = send(self.envelope(vec![], Some(usage.value()), true));
-            }
-            let _ = out.send(Ok(SseEvent::default().data("[DONE]")));
-        });
-        Sse::new(UnboundedReceiverStream::new(stream))
-    }
-
-    /// A streamed chunk's choice: `text` and the `logprobs` of the tokens it completes.
-    fn chunk(
-        &self,
-        index: usize,
-        choice: &mut Streamed,
-        text: Option<&str>,
-        finish: Option<StopReason>,
-        logprobs: &[Logprob],
-    ) -> Value {
-        let offsets = choice.offsets.next(&choice.text, logprobs);
-        let first = !std::mem::replace(&mut choice.started, true);
-        // A chunk carrying no token says so with null, as OpenAI's last chunk does.
-        let logprobs = match logprobs {
-            [] => Value::Null,
-            _ => self.logprobs_value(logprobs, &offsets),
-        };
-        self.choice(index, text, first, finish, true, logprobs)
-    }
-}
-
-/// Pairs each token's log-probability with the text that carries it. The engine reports a
-/// token when it is generated, but its text may come later (a character split over tokens
-/// is released once whole, a possible start of a stop string once it is known not to be
-/// one) or never (a stop string's own tokens). A token goes with the piece of text that
-/// completes its bytes; the rest go with the choice's last chunk.
-#[derive(Default)]
-struct Pending {
-    logprobs: VecDeque<Logprob>,
-    /// Bytes of text released and not yet matched to a token.
-    released: usize,
-}
-
-impl Pending {
-    fn push(&mut self, logprobs: Vec<Logprob>) {
-        self.logprobs.extend(logprobs);
-    }
-
-    /// The tokens whose bytes `text`, the next piece of text, completes.
-    fn release(&mut self, text: &str) -> Vec<Logprob> {
-        self.released += text.len();
-        let mut done = Vec::new();
-        while let Some(next) = self.logprobs.front()
-            && next.bytes.len() <= self.released
-        {
-            self.released -= next.bytes.len();
-            done.extend(self.logprobs.pop_front());
-        }
-        done
-    }
-
-    /// Every token not yet released.
-    fn rest(&mut self) -> Vec<Logprob> {
-        self.released = 0;
-        self.logprobs.drain(..).collect()
-    }
-}
-
-/// The completions API's `text_offset`: where each token begins in its choice's text, in
-/// characters (as Python, OpenAI's main client, indexes a string), counted from the bytes of
-/// the tokens before it. A token that begins inside a character points at that character;
-/// one whose text was cut (a stop string) at the text's end.
-#[derive(Default)]
-struct Offsets {
-    /// Bytes of the tokens so far.
-    tokens: usize,
-    /// The first `counted` bytes of the text hold `chars` whole characters.
-    counted: usize,
-    chars: usize,
-}
-
-impl Offsets {
-    /// The offsets of the next `logprobs` in `text` (the choice's text so far).
-    fn next(&mut self, text: &str, logprobs: &[Logprob]) -> Vec<usize> {
-        logprobs
-            .iter()
-            .map(|l| {
-                for c in text.get(self.counted..).unwrap_or_default().chars() {
-                    if self.counted + c.len_utf8() > self.tokens {
-                        break;
-                    }
-                    self.counted += c.len_utf8();
-                    self.chars += 1;
-                }
-                self.tokens += l.bytes.len();
-                self.chars
-            })
-            .collect()
-    }
-}
-
-/// OpenAI's usage object, summed over a request's choices; `cached_tokens` are the prompt
-/// tokens taken from a kept cache.
-#[derive(Default)]
-struct Usage {
-    prompt_tokens: usize,
-    cached_tokens: usize,
-    completion_tokens: usize,
-}
-
-impl Usage {
-    fn add(&mut self, prompt_tokens: usize, cached_tokens: usize, completion_tokens: usize) {
-        self.prompt_tokens += prompt_tokens;
-        self.cached_tokens += cached_tokens;
-        self.completion_tokens += completion_tokens;
-    }
-
-    fn value(&self) -> Value {
-        json!({
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-            "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
-        })
-    }
-}
-
-fn failed(message: String) -> ApiError {
-    ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, message)
-}
-
 #[cfg(test)]
-mod reply_tests {
+mod tests {
     use super::*;
-
-    fn token(text: &str, bytes: &[u8]) -> Logprob {
-        Logprob {
-            token: text.into(),
-            bytes: bytes.to_vec(),
-            logprob: -1.0,
-            top: Vec::new(),
-        }
-    }
-
-    /// "日" is E6 97 A5: split over two tokens, it is released whole with the second.
-    fn split_character() -> [Logprob; 3] {
-        [
-            token("a", b"a"),
-            token("\u{FFFD}", &[0xE6, 0x97]),
-            token("\u{FFFD}b", &[0xA5, b'b']),
-        ]
-    }
-
-    #[test]
-    fn a_token_travels_with_the_text_that_completes_it() {
-        let mut pending = Pending::default();
-        let [a, head, tail] = split_character();
-        pending.push(vec![a.clone()]);
-        assert_eq!(pending.release("a"), [a]);
-        pending.push(vec![head.clone()]);
-        pending.push(vec![tail.clone()]);
-        assert_eq!(pending.release("日b"), [head, tail]);
-        // A held-back " (" whose space alone is released stays until its text comes, or
-        // goes with the last chunk if it never does (a stop string cut it).
-        pending.push(vec![token(" (", b" (")]);
-        assert!(pending.release(" ").is_empty());
-        assert_eq!(pending.rest(), [token(" (", b" (")]);
-        assert!(pending.rest().is_empty());
-    }
-
-    #[test]
-    fn text_offsets_count_characters_from_the_tokens_bytes() {
-        let tokens = split_character();
-        assert_eq!(Offsets::default().next("a日b", &tokens), [0, 1, 1]);
-        // Streamed in two pieces: the same offsets.
-        let mut offsets = Offsets::default();
-        assert_eq!(offsets.next("a", &tokens[..1]), [0]);
-        assert_eq!(offsets.next("a日b", &tokens[1..]), [1, 1]);
-        // Tokens past the text (cut by a stop string) point at its end.
-        let cut = [token("x", b"x"), token("yz", b"yz"), token("w", b"w")];
-        assert_eq!(Offsets::default().next("x", &cut), [0, 1, 1]);
-    }
 
     #[test]
     fn scopes_tell_every_key_and_salt_apart() {

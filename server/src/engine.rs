@@ -50,8 +50,14 @@ fn piece_at(depth: usize, budget: usize) -> usize {
     (budget * PIECE_DEPTH / (PIECE_DEPTH + depth)).max(1)
 }
 
-/// A request the engine runs: its sequence, where its events go, its cache scope.
-type Active<'t, B> = (Sequence<'t, B>, UnboundedSender<Event>, String);
+/// A request the engine runs.
+struct Active<'t, B: KernelBackend> {
+    sequence: Sequence<'t, B>,
+    /// Where its events go; closed once its client has gone.
+    events: UnboundedSender<Event>,
+    /// Who may reuse its cache ([`Job::scope`]).
+    scope: String,
+}
 
 /// A finished sequence's cache, kept for a later request of the same scope.
 struct KeptCache<B: KernelBackend> {
@@ -202,7 +208,11 @@ impl<B: KernelBackend> Engine<B> {
                             sequence.record_logprobs(top);
                         }
                         metrics.running.fetch_add(1, Ordering::Relaxed);
-                        prefilling.push_back((sequence, job.events, job.scope));
+                        prefilling.push_back(Active {
+                            sequence,
+                            events: job.events,
+                            scope: job.scope,
+                        });
                     }
                     Err(e) => {
                         let _ = job.events.send(Event::Failed(e.to_string()));
@@ -218,7 +228,8 @@ impl<B: KernelBackend> Engine<B> {
             // A piece of the waiting prompt with the least left (a short request is not
             // stuck behind a long prompt), or of the oldest once it has been passed over
             // twice (a long prompt is not stuck behind a stream of short ones).
-            let shortest = (0..prefilling.len()).min_by_key(|&i| prefilling[i].0.prompt_left());
+            let shortest =
+                (0..prefilling.len()).min_by_key(|&i| prefilling[i].sequence.prompt_left());
             let chosen = match shortest {
                 Some(i) if i != 0 && passed_over >= 2 => Some(0),
                 other => other,
@@ -233,7 +244,9 @@ impl<B: KernelBackend> Engine<B> {
                 } else {
                     PIECE_DECODING
                 };
-                let (sequence, events, _) = &mut prefilling[i];
+                let Active {
+                    sequence, events, ..
+                } = &mut prefilling[i];
                 let tokens = piece_at(sequence.prefilled(), budget);
                 let started = Instant::now();
                 let prefilled = if events.is_closed() {
@@ -255,7 +268,7 @@ impl<B: KernelBackend> Engine<B> {
             // A client that has gone is dropped before its next token.
             let mut i = 0;
             while i < running.len() {
-                if running[i].1.is_closed() {
+                if running[i].events.is_closed() {
                     let active = running.swap_remove(i);
                     let gone = Err("the client went away".to_string());
                     self.retire(active, gone, &mut kept, metrics);
@@ -273,20 +286,20 @@ impl<B: KernelBackend> Engine<B> {
             let results = {
                 let mut sequences: Vec<&mut Sequence<'_, B>> = running
                     .iter_mut()
-                    .map(|(sequence, _, _)| sequence)
+                    .map(|active| &mut active.sequence)
                     .collect();
                 (self.generator).step_each(&mut sequences, |i, piece| texts[i].push_str(piece))
             };
             add_busy(metrics, started);
             // From the last, so that swap_remove moves only sequences already seen.
             for (i, (result, text)) in results.into_iter().zip(texts).enumerate().rev() {
-                let logprobs = running[i].0.take_logprobs();
+                let logprobs = running[i].sequence.take_logprobs();
                 if !logprobs.is_empty() {
                     let logprobs = logprobs.iter().map(|l| self.logprob(l)).collect();
-                    let _ = running[i].1.send(Event::Logprobs(logprobs));
+                    let _ = running[i].events.send(Event::Logprobs(logprobs));
                 }
                 if !text.is_empty() {
-                    let _ = running[i].1.send(Event::Text(text));
+                    let _ = running[i].events.send(Event::Text(text));
                 }
                 let outcome = match result {
                     Ok(None) => continue,
@@ -360,7 +373,11 @@ impl<B: KernelBackend> Engine<B> {
     /// caches fit in `cache_budget` bytes: the least recently used go first).
     fn retire(
         &self,
-        (sequence, events, scope): Active<'_, B>,
+        Active {
+            sequence,
+            events,
+            scope,
+        }: Active<'_, B>,
         outcome: Result<(), String>,
         kept: &mut Kept<B>,
         metrics: &Metrics,

@@ -281,6 +281,20 @@ fn health_answers_through_a_flood_of_idle_and_dribbling_connections() {
     assert_eq!(server.post(CHAT, &chat_body("Hi", 2, false)).0, 200);
 }
 
+/// A connection asking for a long streamed completion (4000 tokens of counting).
+fn long_stream(server: &Server) -> TcpStream {
+    let body = json!({"prompt": COUNTING, "max_tokens": 4000, "temperature": 0, "stream": true})
+        .to_string();
+    let mut stream = TcpStream::connect(&server.address).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        server.address,
+        body.len()
+    );
+    stream.write_all(head.as_bytes()).unwrap();
+    stream
+}
+
 /// SIGTERM with idle and dribbling connections open and a long stream under way: the stream
 /// goes on until the shutdown deadline, then everything is closed and the server exits 0.
 #[test]
@@ -299,15 +313,7 @@ fn sigterm_exits_within_the_shutdown_deadline() {
             stream
         })
         .collect();
-    let body = json!({"prompt": COUNTING, "max_tokens": 4000, "temperature": 0, "stream": true})
-        .to_string();
-    let mut streamed = TcpStream::connect(&server.address).unwrap();
-    let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        server.address,
-        body.len()
-    );
-    streamed.write_all(head.as_bytes()).unwrap();
+    let mut streamed = long_stream(&server);
     let mut buffer = [0u8; 65536];
     let mut received = Vec::new();
     while !String::from_utf8_lossy(&received).contains("\"text\"") {
@@ -353,15 +359,7 @@ fn sigterm_exits_within_the_shutdown_deadline() {
 fn a_second_sigterm_exits_at_once() {
     let Some(dir) = artifact_dir() else { return };
     let mut server = Server::start(&dir, &["--shutdown-timeout", "60"]);
-    let body = json!({"prompt": COUNTING, "max_tokens": 4000, "temperature": 0, "stream": true})
-        .to_string();
-    let mut streamed = TcpStream::connect(&server.address).unwrap();
-    let head = format!(
-        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
-        server.address,
-        body.len()
-    );
-    streamed.write_all(head.as_bytes()).unwrap();
+    let mut streamed = long_stream(&server);
     let mut buffer = [0u8; 4096];
     assert!(streamed.read(&mut buffer).unwrap() > 0);
     server.terminate();

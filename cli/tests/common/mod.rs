@@ -32,14 +32,7 @@ pub struct Server {
 
 impl Server {
     pub fn start(dir: &str, extra: &[&str]) -> Self {
-        let child = Command::new(env!("CARGO_BIN_EXE_runtime"))
-            .args(["serve", "--port", "0", "--artifacts", dir])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        Self::ready(child)
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_runtime")), dir, extra)
     }
 
     pub fn request(
@@ -148,24 +141,27 @@ pub fn cli_answer(dir: &str, prompt: &str, max_tokens: usize) -> String {
 impl Server {
     /// `runtime serve` with its open-file limit (soft and hard) set to `open_files`.
     pub fn start_with_open_files(dir: &str, extra: &[&str], open_files: u32) -> Self {
-        let child = Command::new("sh")
+        let mut shell = Command::new("sh");
+        shell
             .args([
                 "-c",
                 &format!("ulimit -n {open_files} && exec \"$@\""),
                 "sh",
             ])
-            .arg(env!("CARGO_BIN_EXE_runtime"))
+            .arg(env!("CARGO_BIN_EXE_runtime"));
+        Self::spawn(shell, dir, extra)
+    }
+
+    /// Runs `program serve` on a free port with `extra` options, then waits for its address
+    /// line and for `/health` to answer 200.
+    fn spawn(mut program: Command, dir: &str, extra: &[&str]) -> Self {
+        let mut child = program
             .args(["serve", "--port", "0", "--artifacts", dir])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
             .spawn()
             .unwrap();
-        Self::ready(child)
-    }
-
-    /// Waits for a spawned server's address line and for `/health` to answer 200.
-    fn ready(mut child: Child) -> Self {
         let mut line = String::new();
         BufReader::new(child.stdout.take().unwrap())
             .read_line(&mut line)

@@ -6,24 +6,18 @@ rounds; the second turn has ~1050 tokens, ~1035 of them the first turn's.
 usage: prompt_cache_ttft.py RUNTIME_BINARY ARTIFACT_DIR
 """
 import json
-import subprocess
 import sys
 import time
-import urllib.request
+
+from serve_client import post, start
 
 binary, artifacts = sys.argv[1], sys.argv[2]
 def server():
-    p = subprocess.Popen([binary, "serve", "--port", "0", "--artifacts", artifacts], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    base = p.stdout.readline().strip().removeprefix("listening on ")
-    while True:
-        try:
-            urllib.request.urlopen(base + "/health"); break
-        except Exception: time.sleep(0.05)
-    return p, base
+    return start(binary, artifacts)
 def ask(base, messages, max_tokens=1):
-    body = json.dumps({"messages": messages, "temperature": 0, "max_tokens": max_tokens}).encode()
+    body = {"messages": messages, "temperature": 0, "max_tokens": max_tokens}
     t = time.perf_counter()
-    r = json.load(urllib.request.urlopen(urllib.request.Request(base + "/v1/chat/completions", body, {"Content-Type": "application/json"})))
+    r = json.load(post(base, body))
     return time.perf_counter() - t, r
 history = "The quick brown fox jumps over the lazy dog. " * 100
 turn1 = [{"role": "system", "content": history}, {"role": "user", "content": "Summarize the text in five words."}]

@@ -9,41 +9,22 @@ SmolLM2; the short request is sent 2, 8 and 14 s after the long one (early, midd
 in its prefill on 2 cores).
 """
 import json
-import subprocess
 import sys
 import threading
 import time
-import urllib.request
+
+from serve_client import post, start
 
 binary, artifacts = sys.argv[1], sys.argv[2]
 words = int(sys.argv[3]) if len(sys.argv) > 3 else 7000
 rounds = int(sys.argv[4]) if len(sys.argv) > 4 else 1
 
 
-def server():
-    p = subprocess.Popen([binary, "serve", "--port", "0", "--parallel", "4", "--artifacts", artifacts],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-    base = p.stdout.readline().strip().removeprefix("listening on ")
-    while True:
-        try:
-            urllib.request.urlopen(base + "/health")
-            break
-        except Exception:
-            time.sleep(0.05)
-    return p, base
-
-
-def post(base, body):
-    request = urllib.request.Request(base + "/v1/chat/completions", json.dumps(body).encode(),
-                                     {"Content-Type": "application/json"})
-    return urllib.request.urlopen(request, timeout=600)
-
-
 def first_token(base, started):
     """Seconds from `started` to the short request's first streamed content."""
     body = {"messages": [{"role": "user", "content": "Hi"}], "temperature": 0, "max_tokens": 2,
             "stream": True}
-    with post(base, body) as response:
+    with post(base, body, timeout=600) as response:
         for line in response:
             if line.startswith(b"data: ") and b'"content"' in line:
                 return time.perf_counter() - started
@@ -53,14 +34,14 @@ def first_token(base, started):
 sentence = "The quick brown fox jumps over the lazy dog near the quiet river bank. "
 for repeat in range(rounds):
     for delay in (2.0, 8.0, 14.0):
-        p, base = server()
+        p, base = start(binary, artifacts, "--parallel", "4")
         text = f"Round {repeat} {delay}. " + sentence * (words // 14)
         long_body = {"messages": [{"role": "user", "content": text}], "temperature": 0, "max_tokens": 1}
         result = {}
 
         def long_request():
             t = time.perf_counter()
-            r = json.load(post(base, long_body))
+            r = json.load(post(base, long_body, timeout=600))
             result["long_s"] = time.perf_counter() - t
             result["prompt_tokens"] = r["usage"]["prompt_tokens"]
 

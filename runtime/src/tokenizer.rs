@@ -229,12 +229,14 @@ impl Tokenizer {
             return self.encode_rendered(&render(request)?);
         }
         let chat = request.render_located(render)?;
-        match (&chat.contents, self.special_text_in(&request.messages)) {
-            (Some(contents), _) => self.encode_contents_as_text(&chat.text, contents),
-            // Contents that cannot be located can be tokenized as before only if that
-            // cannot turn any of their text into a control token.
-            (None, None) => self.encode_rendered(&chat.text),
-            (None, Some(token)) => Err(TokenizerError::SpecialTokenInContent {
+        if let Some(contents) = &chat.contents {
+            return self.encode_contents_as_text(&chat.text, contents);
+        }
+        // Contents that cannot be located can be tokenized as before only if that cannot
+        // turn any of their text into a control token.
+        match self.special_text_in(&request.messages) {
+            None => self.encode_rendered(&chat.text),
+            Some(token) => Err(TokenizerError::SpecialTokenInContent {
                 token: token.to_string(),
             }),
         }

@@ -152,8 +152,6 @@ pub struct Metrics {
     pub completion_tokens: AtomicU64,
     /// Nanoseconds spent running sequences (prefill and decode), for tok/s.
     pub busy_ns: AtomicU64,
-    /// Bytes the kept caches take.
-    pub kept_bytes: AtomicU64,
 }
 
 /// The model and tokenizer, once loaded; `parallel` sequences at most.
@@ -389,7 +387,6 @@ impl<B: KernelBackend> Engine<B> {
             sequence.finish_keeping_cache(&mut |piece| rest.push_str(piece));
         kept.caches.push(KeptCache { cache, ids, scope });
         kept.fit(self.cache_budget);
-        metrics.kept_bytes.store(kept.bytes(), Ordering::Relaxed);
         if !rest.is_empty() {
             let _ = events.send(Event::Text(rest));
         }

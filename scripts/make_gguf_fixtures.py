@@ -20,7 +20,7 @@ writes: gguf-llama-bpe/ and gguf-qwen2/, each model.gguf, tokenizer.json (the so
 tokenizer), fixture.json (ids of a fixed text) and logits.bin ([ids, vocab] f32 LE)
 needs: torch, transformers, tokenizers, gguf, llama-cpp-python (the oracle venv)
 """
-import ctypes, json, os, sys, tempfile
+import json, os, sys, tempfile
 
 import numpy as np
 import torch
@@ -31,44 +31,10 @@ import llama_cpp
 
 sys.path.insert(0, os.path.dirname(__file__))
 from make_tiny_fixture import SEQUENCE_TEXT, randomise  # noqa: E402
+from gguf_llama import add_gpt2_vocab, gguf_name, permute, quantize, unpermute  # noqa: E402
 
 ROOT = os.path.join(os.path.dirname(__file__), "..")
 ORACLE = os.path.join(ROOT, "runtime/tests/data/tokenizer_oracle.json")
-
-
-def permute(w, n_head):
-    """convert_hf_to_gguf.py's LlamaModel.permute (weights and biases alike)."""
-    return (w.reshape(n_head, 2, w.shape[0] // n_head // 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
-
-
-def unpermute(w, n_head):
-    return (w.reshape(n_head, w.shape[0] // n_head // 2, 2, *w.shape[1:])
-            .swapaxes(1, 2).reshape(w.shape))
-
-
-GGUF_NAMES = {
-    "model.embed_tokens.weight": "token_embd.weight",
-    "model.norm.weight": "output_norm.weight",
-    "lm_head.weight": "output.weight",
-}
-LAYER_NAMES = {
-    "input_layernorm.weight": "attn_norm.weight",
-    "self_attn.q_proj.weight": "attn_q.weight", "self_attn.q_proj.bias": "attn_q.bias",
-    "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
-    "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
-    "self_attn.o_proj.weight": "attn_output.weight", "self_attn.o_proj.bias": "attn_output.bias",
-    "post_attention_layernorm.weight": "ffn_norm.weight",
-    "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.up_proj.weight": "ffn_up.weight",
-    "mlp.down_proj.weight": "ffn_down.weight",
-}
-
-
-def gguf_name(hf):
-    if hf in GGUF_NAMES:
-        return GGUF_NAMES[hf]
-    _, _, layer, rest = hf.split(".", 3)
-    return f"blk.{layer}.{LAYER_NAMES[rest]}"
 
 
 def write_f32_gguf(path, arch, config, state, tok_json, pre, add_bos):
@@ -85,20 +51,8 @@ def write_f32_gguf(path, arch, config, state, tok_json, pre, add_bos):
     w.add_vocab_size(config.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     # The tokenizer as convert_hf_to_gguf.py's `_set_vocab_gpt2` writes it.
-    model = tok_json["model"]
-    by_id = sorted(model["vocab"].items(), key=lambda kv: kv[1])
-    tokens = [t for t, _ in by_id]
-    specials = {a["id"] for a in tok_json["added_tokens"] if a["special"]}
-    types = [gguf.TokenType.CONTROL if i in specials else gguf.TokenType.NORMAL for i in range(len(tokens))]
-    assert len(tokens) == config.vocab_size - (config.vocab_size - len(tokens))
-    pad = config.vocab_size - len(tokens)  # convert_hf_to_gguf pads with [PAD{i}] tokens
-    tokens += [f"[PAD{i}]" for i in range(pad)]
-    types += [gguf.TokenType.UNUSED] * pad
-    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
-    w.add_tokenizer_model("gpt2")
-    w.add_tokenizer_pre(pre)
-    w.add_token_list(tokens)
-    w.add_token_types(types)
+    tokens = add_gpt2_vocab(w, tok_json, config.vocab_size, pre)
+    merges = [m if isinstance(m, str) else " ".join(m) for m in tok_json["model"]["merges"]]
     w.add_token_merges(merges)
     w.add_bos_token_id(config.bos_token_id)
     w.add_eos_token_id(config.eos_token_id)
@@ -115,13 +69,6 @@ def write_f32_gguf(path, arch, config, state, tok_json, pre, add_bos):
     w.write_tensors_to_file()
     w.close()
     return tokens
-
-
-def quantize(src, dst, ftype):
-    params = llama_cpp.llama_model_quantize_default_params()
-    params.ftype = ftype
-    rc = llama_cpp.llama_model_quantize(src.encode(), dst.encode(), ctypes.byref(params))
-    assert rc == 0, f"llama_model_quantize failed: {rc}"
 
 
 def dequantized_state(path, arch, config):

@@ -23,6 +23,14 @@ const PARALLEL_WORK: usize = 1 << 21;
 /// `x` (`rows` rows of `d_in`) times the weight whose `d_out` rows of `d_in` are `weight`
 /// (a `[d_in, d_out]` weight stored column-major): `rows` rows of `d_out`.
 pub fn linear_rows(x: &[f32], weight: Rows<'_>, d_in: usize) -> Vec<f32> {
+    if super::panels::available() {
+        return super::panels::linear_rows(x, weight, d_in);
+    }
+    in_blocks(x, weight, d_in, BLOCK_VALUES)
+}
+
+/// [`linear_rows`] through gemm whatever the CPU (for measuring).
+pub fn gemm_rows(x: &[f32], weight: Rows<'_>, d_in: usize) -> Vec<f32> {
     in_blocks(x, weight, d_in, BLOCK_VALUES)
 }
 

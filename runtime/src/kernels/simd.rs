@@ -360,7 +360,7 @@ fn dot2_x8<W: Stored>(rows: [&[W]; 2], xs: [&[f32]; 8]) -> [[f32; 2]; 8] {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(super) mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{LANES, Stored};
@@ -368,7 +368,7 @@ mod avx512 {
     /// Sixteen f32 values from `p`, `W` widened exactly.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn load<W: Stored>(p: *const W) -> __m512 {
+    pub(in crate::kernels) unsafe fn load<W: Stored>(p: *const W) -> __m512 {
         // SAFETY (for the callers): `p` points at LANES values of W.
         unsafe {
             if size_of::<W>() == 4 {
@@ -425,19 +425,67 @@ mod avx512 {
             }
             c += LANES;
         }
-        let first = [a0, a1, a2, a3, a4, a5, a6, a7];
-        let second = [b0, b1, b2, b3, b4, b5, b6, b7];
-        std::array::from_fn(|v| [sum(first[v]), sum(second[v])])
+        let sums = sums16([
+            a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
+        ]);
+        std::array::from_fn(|v| [sums[v], sums[8 + v]])
     }
 
-    /// The lanes of `v` summed in order, as `iter().sum()` sums them for one vector alone.
+    /// Lane `j`: the lanes of `v[j]` summed in order, as `iter().sum()` sums them for one
+    /// vector alone (from -0.0, which adds nothing), by adding the registers of their
+    /// transpose in order: the same adds on the same values, for sixteen sums at once in
+    /// about 80 instructions instead of sixteen stores and 256 scalar loads and adds.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn sum(v: __m512) -> f32 {
+    fn sums16(v: [__m512; LANES]) -> [f32; LANES] {
+        let t = transpose(v);
+        let sum = t[1..].iter().fold(t[0], |sum, &t| _mm512_add_ps(sum, t));
         let mut lanes = [0.0f32; LANES];
         // SAFETY: `lanes` holds LANES f32.
-        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), v) };
-        lanes.iter().sum::<f32>()
+        unsafe { _mm512_storeu_ps(lanes.as_mut_ptr(), sum) };
+        lanes
+    }
+
+    /// The 16 × 16 matrix whose row `j` is `r[j]`, transposed: register `k` holds lane `k`
+    /// of every `r[j]`, in lane `j`.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::kernels) fn transpose(r: [__m512; LANES]) -> [__m512; LANES] {
+        // Pairs of rows interleaved within 128-bit lanes, then pairs of pairs: register
+        // 4g + c holds rows 4g..4g+4 at columns c, c + 4, c + 8, c + 12 (one per lane).
+        let a: [__m512; LANES] = std::array::from_fn(|i| {
+            let (x, y) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(x, y)
+            } else {
+                _mm512_unpackhi_ps(x, y)
+            }
+        });
+        let b: [__m512; LANES] = std::array::from_fn(|i| {
+            let (g, c) = (i / 4, i % 4);
+            let (x, y) = (
+                _mm512_castps_pd(a[4 * g + c / 2]),
+                _mm512_castps_pd(a[4 * g + 2 + c / 2]),
+            );
+            _mm512_castpd_ps(if c % 2 == 0 {
+                _mm512_unpacklo_pd(x, y)
+            } else {
+                _mm512_unpackhi_pd(x, y)
+            })
+        });
+        // Then the 128-bit lanes regrouped, so that register k holds every row's column k.
+        let mut t = [_mm512_setzero_ps(); LANES];
+        for c in 0..4 {
+            let e0 = _mm512_shuffle_f32x4::<0x44>(b[c], b[4 + c]);
+            let e1 = _mm512_shuffle_f32x4::<0xEE>(b[c], b[4 + c]);
+            let f0 = _mm512_shuffle_f32x4::<0x44>(b[8 + c], b[12 + c]);
+            let f1 = _mm512_shuffle_f32x4::<0xEE>(b[8 + c], b[12 + c]);
+            t[c] = _mm512_shuffle_f32x4::<0x88>(e0, f0);
+            t[c + 4] = _mm512_shuffle_f32x4::<0xDD>(e0, f0);
+            t[c + 8] = _mm512_shuffle_f32x4::<0x88>(e1, f1);
+            t[c + 12] = _mm512_shuffle_f32x4::<0xDD>(e1, f1);
+        }
+        t
     }
 
     /// `query` (a multiple of LANES long) against sixteen rows from `rows`, `stride` apart:
@@ -532,12 +580,10 @@ mod avx512 {
             }
             c += LANES;
         }
-        [
-            [sum(a0), sum(a1), sum(a2), sum(a3)],
-            [sum(b0), sum(b1), sum(b2), sum(b3)],
-            [sum(c0), sum(c1), sum(c2), sum(c3)],
-            [sum(d0), sum(d1), sum(d2), sum(d3)],
-        ]
+        let sums = sums16([
+            a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+        ]);
+        std::array::from_fn(|v| std::array::from_fn(|row| sums[4 * v + row]))
     }
 }
 

@@ -1,4 +1,5 @@
-//! Products of many rows (a prompt) with a weight stored as [`Rows`]: gemm on f32, a bf16
+//! Products of many rows (a prompt) with a weight stored as [`Rows`]: on AVX-512,
+//! [`super::panels`], which reads the weight where it lies; elsewhere gemm on f32, a bf16
 //! weight widened a block of outputs at a time into a scratch buffer that is reused. Also
 //! the kernels' one call into gemm ([`product`], which attention's blocks use too).
 //!
@@ -26,11 +27,6 @@ pub fn linear_rows(x: &[f32], weight: Rows<'_>, d_in: usize) -> Vec<f32> {
     if super::panels::available() {
         return super::panels::linear_rows(x, weight, d_in);
     }
-    in_blocks(x, weight, d_in, BLOCK_VALUES)
-}
-
-/// [`linear_rows`] through gemm whatever the CPU (for measuring).
-pub fn gemm_rows(x: &[f32], weight: Rows<'_>, d_in: usize) -> Vec<f32> {
     in_blocks(x, weight, d_in, BLOCK_VALUES)
 }
 

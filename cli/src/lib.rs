@@ -35,3 +35,37 @@ pub fn thread_count(arg: &str) -> Result<usize, String> {
         t => Ok(t),
     }
 }
+
+/// Runs `work`, and if it takes more than a second, shows `message` with a spinner and the
+/// time so far on stderr until it ends (only on a terminal: nothing in logs or pipes). For
+/// loads, whose length the library does not report as it goes.
+pub fn with_spinner<T>(message: &str, work: impl FnOnce() -> T) -> T {
+    use std::io::IsTerminal;
+    use std::sync::mpsc;
+    use std::time::Duration;
+
+    if !std::io::stderr().is_terminal() {
+        return work();
+    }
+    let (done, finished) = mpsc::channel::<()>();
+    let message = message.to_string();
+    let shown = std::thread::spawn(move || {
+        if finished.recv_timeout(Duration::from_secs(1)) != Err(mpsc::RecvTimeoutError::Timeout) {
+            return;
+        }
+        let spinner = indicatif::ProgressBar::new_spinner()
+            .with_message(message)
+            .with_elapsed(Duration::from_secs(1));
+        spinner.set_style(
+            indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
+                .expect("a valid template"),
+        );
+        spinner.enable_steady_tick(Duration::from_millis(100));
+        let _ = finished.recv();
+        spinner.finish_and_clear();
+    });
+    let result = work();
+    let _ = done.send(());
+    let _ = shown.join();
+    result
+}

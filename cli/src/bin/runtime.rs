@@ -330,7 +330,9 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     if common.weights == Weights::Bf16 && !B::BF16_WEIGHTS {
         bail!("--weights bf16 needs the flex backend");
     }
-    let mut generator = Generator::<B>::load_with(dir, &device, common.weights)?;
+    let mut generator = cli::with_spinner("loading the model", || {
+        Generator::<B>::load_with(dir, &device, common.weights)
+    })?;
     generator.kv_dtype = common.kv_cache;
     if generator.kept.rounded > 0 {
         eprintln!(

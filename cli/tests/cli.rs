@@ -467,7 +467,8 @@ fn artifact_with_config(dir: &str, edits: &[(&str, &str)]) -> tempfile::TempDir 
     copy
 }
 
-/// config.json and model.mpk disagreeing on the parameters is one error line naming them,
+/// config.json and the weights (weights.bin, or model.mpk, whose size bounds the parameter
+/// count) disagreeing on the parameters is one error line naming them,
 /// before any token is generated: a layer fewer in config.json (the record's last layer
 /// would otherwise go unread: the regression of issue 25), a layer more, and a layer fewer
 /// with biases the record lacks (both sides named).
@@ -483,12 +484,12 @@ fn a_config_that_disagrees_with_the_record_is_refused() {
     for (edits, expected) in [
         (
             vec![(layers, fewer)],
-            "model.mpk holds 9 parameters config.json does not declare (layers.29.",
+            "weights.bin holds 9 parameters config.json does not declare (layers.29.",
         ),
         (vec![(layers, more)], "config.json and model.mpk disagree"),
         (
             vec![(layers, fewer), biases],
-            "; config.json declares 116 parameters model.mpk lacks (layers.0.self_attn.q_proj.bias",
+            "; config.json declares 116 parameters weights.bin lacks (layers.0.self_attn.q_proj.bias",
         ),
     ] {
         let copy = artifact_with_config(&dir, &edits);

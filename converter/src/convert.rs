@@ -6,26 +6,28 @@
 //! saved with the runtime's recorder: record field paths can't drift from the model.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::os::fd::AsRawFd;
 use std::path::Path;
 
-use anyhow::{Result, anyhow, bail, ensure};
+use anyhow::{Context, Result, anyhow, bail, ensure};
 use runtime::artifact::{
-    CONFIG_FILE, FORMAT_VERSION, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, Manifest,
-    OPTIONAL_FILES, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+    CONFIG_FILE, FORMAT_VERSION, FileDigest, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE,
+    Manifest, OPTIONAL_FILES, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
 };
 use runtime::chat::{ChatError, ChatRequest};
 use runtime::config::{CONFIG_LIMIT, GenerationConfig, HfConfig, LlamaConfig, TokenIds};
 use runtime::files::read_bounded;
 use runtime::model::Llama;
-use runtime::params::params;
+use runtime::params::{ParamInfo, params};
 use runtime::tokenizer::{TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer, TokenizerError};
+use runtime::weights_file::{self, RecordId};
 use safetensors::Dtype;
 
 use crate::checkpoint::Checkpoint;
-use crate::digest::{PROBE_TEXT, digests, probe};
+use crate::digest::{PROBE_TEXT, digest_file, digests, probe};
 use crate::names::{self, Transform};
 use crate::record::{B, Source, write_record};
-use crate::staging::Staging;
+use crate::staging::{Staging, finish_keeping};
 
 /// Files copied from the checkpoint into the artifact: (name, required, most bytes).
 const SIDE_FILES: &[(&str, bool, u64)] = &[
@@ -58,6 +60,7 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
     let device = Default::default();
     let model = config.init::<B>(&device);
     let sources = plan(&checkpoint, &config, &model)?;
+    let declared = params::<B, _>(&model);
 
     // Creates `out` too (and removes it again if this run fails before finishing).
     let staging = Staging::create(out.join(".partial"), &[src])?;
@@ -67,16 +70,31 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
         artifact_files.push(name.to_string());
     }
     write_record(model, &checkpoint, sources, &staging)?;
+    // Digested once: the weights file names the record it was laid out from.
+    let record_path = staging.path(MODEL_FILE);
+    let (sha256, bytes) = digest_file(&record_path)
+        .with_context(|| format!("cannot read {}", record_path.display()))?;
+    let record = FileDigest {
+        name: MODEL_FILE.to_string(),
+        sha256,
+        bytes,
+    };
+    write_weights(&staging, &declared, config.tie_word_embeddings, &record)?;
+    artifact_files.push(WEIGHTS_FILE.to_string());
 
     let source_files = side_files
         .iter()
         .map(|(name, _)| name.to_string())
         .chain(checkpoint.files.iter().cloned());
+    let others = artifact_files.iter().filter(|f| *f != MODEL_FILE).cloned();
+    let mut files = digests(&staging.path(""), others)?;
+    files.push(record);
+    files.sort_by(|a, b| a.name.cmp(&b.name));
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         converter: format!("converter {}", env!("CARGO_PKG_VERSION")),
         source: digests(src, source_files)?,
-        files: digests(&staging.path(""), artifact_files.iter().cloned())?,
+        files,
         probe: probe(&tokenizer, PROBE_TEXT)?,
     };
     // Optional files an earlier conversion wrote and this one does not.
@@ -91,6 +109,34 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
         (MANIFEST_FILE, &manifest.to_json()),
     )?;
     Ok(manifest)
+}
+
+/// Writes weights.bin into `staging`: the parameters `declared` laid out from the record
+/// just written there (`record`, its digest), as the runtime keeps them
+/// (`runtime::weights_file`).
+fn write_weights(
+    staging: &Staging,
+    declared: &[ParamInfo],
+    tied: bool,
+    record: &FileDigest,
+) -> Result<()> {
+    let written = runtime::record::Record::open(&staging.path(MODEL_FILE))
+        .map_err(|e| anyhow!("cannot read back the record: {e}"))?;
+    let mut out = staging.create_file(WEIGHTS_FILE)?;
+    let id = RecordId {
+        bytes: record.bytes,
+        sha256: record.sha256.clone(),
+    };
+    weights_file::write(&written, id, declared, tied, &mut out).map_err(|e| anyhow!(e))?;
+    let file = finish_keeping(out).with_context(|| format!("cannot write {WEIGHTS_FILE}"))?;
+    // Written, the file sits in the page cache in the small folios buffered writes make,
+    // and a load right after would map it 4 KiB at a time. Dropped now (clean after the
+    // fsync), it is read back by the digest sequentially, which the kernel caches in large
+    // folios that a load maps in huge pages: decoding reads them faster
+    // (docs/ARCHITECTURE.md, "Loading"). Only advice: a failure costs speed, not data.
+    // SAFETY: posix_fadvise on a descriptor this function owns.
+    unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
+    Ok(())
 }
 
 /// How a chat template is rendered to check it: `runtime::chat::render_isolated` in the

@@ -162,7 +162,12 @@ fn lock(dir: &Path) -> Result<File> {
 /// Flushes and fsyncs a buffered file: `BufWriter`'s drop would swallow a failed last write
 /// (a full disk), leaving a short file that looks written.
 pub fn finish(writer: BufWriter<File>) -> Result<()> {
+    finish_keeping(writer).map(drop)
+}
+
+/// [`finish`], returning the file.
+pub fn finish_keeping(writer: BufWriter<File>) -> Result<File> {
     let file = writer.into_inner().map_err(|e| e.into_error())?;
     file.sync_all()?;
-    Ok(())
+    Ok(file)
 }

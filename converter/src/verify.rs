@@ -3,7 +3,7 @@
 use std::path::Path;
 
 use anyhow::Result;
-use runtime::artifact::{CONFIG_FILE, FileDigest, Manifest, TOKENIZER_FILE};
+use runtime::artifact::{CONFIG_FILE, FileDigest, Manifest, TOKENIZER_FILE, check_weights_file};
 use runtime::config::LlamaConfig;
 
 use crate::convert::{Render, check_side_files};
@@ -39,6 +39,11 @@ pub fn verify(out: &Path, src: Option<&Path>, render: &Render) -> Result<Vec<Str
         check(src, &manifest.source, "source");
     }
     let config = LlamaConfig::from_file(&out.join(CONFIG_FILE));
+    if let Ok(config) = &config
+        && let Err(e) = check_weights_file(out, &manifest, config)
+    {
+        problems.push(e.to_string());
+    }
     let tokenizer = config
         .map_err(anyhow::Error::from)
         .and_then(|config| check_side_files(out, &config, render));

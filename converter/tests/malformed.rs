@@ -534,12 +534,24 @@ fn truncated_record() {
 
 #[test]
 fn corrupt_record_of_the_right_size() {
-    // Overwrite the middle of the file (parameter ids, tensor headers and data) with 0xff.
+    // Overwrite the middle of the file (parameter ids, tensor headers and data) with 0xff,
+    // in an artifact without a weights file, whose record is what loads.
     broken_artifact("model.mpk", |out| {
+        drop_weights_file(out);
         let path = out.join("model.mpk");
         let mut bytes = std::fs::read(&path).unwrap();
         let mid = bytes.len() / 2;
         bytes[mid - 200..mid + 200].fill(0xff);
+        std::fs::write(&path, bytes).unwrap();
+    });
+}
+
+#[test]
+fn corrupt_weights_index_of_the_right_size() {
+    broken_artifact("weights.bin", |out| {
+        let path = out.join("weights.bin");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[24..64].fill(0xff);
         std::fs::write(&path, bytes).unwrap();
     });
 }
@@ -568,8 +580,10 @@ fn manifest_that_is_not_json() {
 
 #[test]
 fn corrupt_record_of_the_right_size_is_a_load_error_not_a_panic() {
-    // Parameter ids are the first thing Burn decodes after the metadata; garble every one.
+    // Parameter ids are the first thing Burn decodes after the metadata; garble every one
+    // (in an artifact without a weights file, whose record is what loads).
     let (_tmp, _src, out) = converted_tiny();
+    drop_weights_file(&out);
     let path = out.join("model.mpk");
     let mut bytes = std::fs::read(&path).unwrap();
     let key = b"\xa2id\xad"; // msgpack: key "id", then a 13-byte string

@@ -1,5 +1,6 @@
 //! The artifact directory the converter writes and the runtime reads: its file names, its
-//! manifest (defined once here, for both sides) and record loading.
+//! manifest (defined once here, for both sides) and loading the model, from the weights
+//! file when there is one, else from the record.
 //!
 //! `manifest.json` is written last and removed first by the converter, so it doubles as the
 //! "complete" marker: a directory without one, or whose files differ in size from it, is an
@@ -19,9 +20,11 @@ use serde::{Deserialize, Serialize};
 use crate::backend::KernelBackend;
 use crate::config::{ConfigError, LlamaConfig};
 use crate::files::{FileError, read_text_bounded};
-use crate::load::{Kept, Weights, load_into};
+use crate::load::{Kept, Source, Weights, check_laid_out, load_into};
 use crate::model::Llama;
+use crate::params::params;
 use crate::record::Record;
+use crate::weights_file::WeightsFile;
 
 /// The Burn record of the model's parameters.
 pub const MODEL_FILE: &str = "model.mpk";
@@ -30,13 +33,17 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
+/// The parameters laid out as the runtime keeps them (`weights_file`), from the record;
+/// loaded instead of it when listed. Optional: an artifact from before it loads from the
+/// record.
+pub const WEIGHTS_FILE: &str = crate::weights_file::FILE_NAME;
 /// Bumped whenever the meaning of the artifact's files changes.
 pub const FORMAT_VERSION: u32 = 1;
 
 /// Files every artifact has, besides the manifest.
 pub const REQUIRED_FILES: [&str; 3] = [MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE];
 /// Files an artifact has when its checkpoint had them.
-pub const OPTIONAL_FILES: [&str; 2] = [GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE];
+pub const OPTIONAL_FILES: [&str; 3] = [GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, WEIGHTS_FILE];
 
 /// Largest manifest we read: a real one is a few KB.
 pub const MANIFEST_LIMIT: u64 = 1 << 20;
@@ -79,6 +86,8 @@ pub enum ArtifactError {
     Config(#[from] ConfigError),
     #[error("{path}: cannot load the record: {message}")]
     Record { path: PathBuf, message: String },
+    #[error("{path}: cannot load the weights: {message}")]
+    Weights { path: PathBuf, message: String },
 }
 
 /// One file with its digest.
@@ -169,6 +178,11 @@ impl Manifest {
         Ok(manifest)
     }
 
+    /// The listed artifact file `name`.
+    pub fn file(&self, name: &str) -> Option<&FileDigest> {
+        self.files.iter().find(|f| f.name == name)
+    }
+
     /// The manifest as written to disk: pretty JSON with a trailing newline.
     pub fn to_json(&self) -> String {
         let mut text = serde_json::to_string_pretty(self).expect("a manifest always serializes");
@@ -229,7 +243,69 @@ pub fn load_model<B: KernelBackend>(
     Ok((model, config))
 }
 
-/// [`load_model`] with the matrices kept as `weights` says, and what each was kept as.
+/// config.json's parameter count against the record's size, checked before the model is
+/// built, which config.json alone sizes: the record holds every parameter as an f32.
+fn check_parameter_count(
+    dir: &Path,
+    manifest: &Manifest,
+    config: &LlamaConfig,
+) -> Result<(), ArtifactError> {
+    let record_bytes = manifest.file(MODEL_FILE).map_or(0, |f| f.bytes);
+    let parameters = config.parameter_count();
+    if parameters * 4 > u128::from(record_bytes) {
+        return Err(ArtifactError::Record {
+            path: dir.join(MODEL_FILE),
+            message: format!(
+                "config.json implies {parameters} parameters, more than the record's {record_bytes} bytes hold: config.json and model.mpk disagree"
+            ),
+        });
+    }
+    Ok(())
+}
+
+/// The artifact's weights file mapped, its index checked, and laid out from the record the
+/// manifest lists.
+fn open_weights(dir: &Path, manifest: &Manifest) -> Result<WeightsFile, ArtifactError> {
+    let corrupt = |message| {
+        let message = format!("the file is corrupt ({message}); run `converter verify`");
+        weights_error(dir, message)
+    };
+    let file = WeightsFile::open(&dir.join(WEIGHTS_FILE)).map_err(corrupt)?;
+    // A read manifest lists the record.
+    let record = manifest.file(MODEL_FILE);
+    let (bytes, sha256) = record.map_or((0, ""), |f| (f.bytes, f.sha256.as_str()));
+    file.check_record(bytes, sha256)
+        .map_err(|message| weights_error(dir, message))?;
+    Ok(file)
+}
+
+fn weights_error(dir: &Path, message: String) -> ArtifactError {
+    ArtifactError::Weights {
+        path: dir.join(WEIGHTS_FILE),
+        message,
+    }
+}
+
+/// The artifact's weights file, if the manifest lists one, checked as loading checks it
+/// (header, index, the record it was laid out from, every tensor against `config`) without
+/// loading it: for `converter verify`.
+pub fn check_weights_file(
+    dir: &Path,
+    manifest: &Manifest,
+    config: &LlamaConfig,
+) -> Result<(), ArtifactError> {
+    if manifest.file(WEIGHTS_FILE).is_none() {
+        return Ok(());
+    }
+    check_parameter_count(dir, manifest, config)?;
+    let file = open_weights(dir, manifest)?;
+    let model = config.init::<crate::FlexBackend>(&Default::default());
+    check_laid_out(&file, &params(&model), config.tie_word_embeddings)
+        .map_err(|message| weights_error(dir, message))
+}
+
+/// [`load_model`] with the matrices kept as `weights` says, and what each was kept as. From
+/// the weights file when the manifest lists one, else from the record.
 pub fn load_model_with<B: KernelBackend>(
     dir: &Path,
     device: &B::Device,
@@ -238,40 +314,33 @@ pub fn load_model_with<B: KernelBackend>(
     let manifest = Manifest::read(dir)?;
     manifest.check_files(dir)?;
     let config = LlamaConfig::from_file(&dir.join(CONFIG_FILE))?;
-    let path = dir.join(MODEL_FILE);
-    // Checked before the model is built, which config.json alone sizes: the record holds
-    // every parameter as an f32.
-    let record_bytes = manifest
-        .files
-        .iter()
-        .find(|f| f.name == MODEL_FILE)
-        .map_or(0, |f| f.bytes);
-    let parameters = config.parameter_count();
-    if parameters * 4 > u128::from(record_bytes) {
-        return Err(ArtifactError::Record {
-            path,
-            message: format!(
-                "config.json implies {parameters} parameters, more than the record's {record_bytes} bytes hold: config.json and model.mpk disagree"
-            ),
-        });
-    }
-    let corrupt = |message: String| ArtifactError::Record {
-        path: path.clone(),
-        message: format!("the file is corrupt ({message}); run `converter verify`"),
+    check_parameter_count(dir, &manifest, &config)?;
+    let record_path = dir.join(MODEL_FILE);
+    let load = |source| {
+        load_into(
+            source,
+            config.init::<B>(device),
+            config.tie_word_embeddings,
+            weights,
+            device,
+        )
     };
-    let record = Record::open(&path).map_err(corrupt)?;
-    // The shapes config.json implies are compared with the record's, tensor by tensor: a
-    // mismatch would otherwise surface as a panic deep in a matmul.
-    let (model, kept) = load_into(
-        &record,
-        config.init::<B>(device),
-        config.tie_word_embeddings,
-        weights,
-        device,
-    )
-    .map_err(|message| ArtifactError::Record {
-        path: path.clone(),
-        message,
-    })?;
+    let (model, kept) = if manifest.file(WEIGHTS_FILE).is_some() {
+        let file = open_weights(dir, &manifest)?;
+        // Every tensor is checked against config.json before any is used.
+        load(Source::LaidOut(&file)).map_err(|message| weights_error(dir, message))?
+    } else {
+        let corrupt = |message: String| ArtifactError::Record {
+            path: record_path.clone(),
+            message: format!("the file is corrupt ({message}); run `converter verify`"),
+        };
+        let record = Record::open(&record_path).map_err(corrupt)?;
+        // The shapes config.json implies are compared with the record's, tensor by tensor:
+        // a mismatch would otherwise surface as a panic deep in a matmul.
+        load(Source::Record(&record)).map_err(|message| ArtifactError::Record {
+            path: record_path.clone(),
+            message,
+        })?
+    };
     Ok((model, config, kept))
 }

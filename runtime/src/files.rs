@@ -117,10 +117,12 @@ impl MappedFile {
     pub fn open(path: &Path) -> Result<Self, FileError> {
         // A device or a FIFO has no end to map.
         let file = open_regular(path)?;
-        // SAFETY: the map is read-only and private to this process. Another process
-        // truncating the file while we read it could fault; that is the same contract every
-        // mmap-based model loader (safetensors, llama.cpp) accepts. The converter never
-        // writes a file in place: it writes a staging directory and renames it.
+        // SAFETY: the map is read-only. Another process truncating the file while it is
+        // mapped could fault, and one writing into it in place would change what we read;
+        // that is the same contract every mmap-based model loader (safetensors, llama.cpp)
+        // accepts, and it lasts as long as the model when the weights file's tensors are
+        // the map (`weights_file`). The converter never writes a file in place: it writes a
+        // staging directory and renames it, so a file mapped here keeps its old contents.
         let map = unsafe { Mmap::map(&file) }.map_err(|error| FileError::Io {
             path: path.to_path_buf(),
             error,
@@ -130,6 +132,31 @@ impl MappedFile {
 
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+
+    /// Maps every page of the file into this process now, in huge pages where the kernel
+    /// can: a reader that keeps the map then meets no page fault on first use, the cost
+    /// paid where it is a load, not in the first prompt. Failing only costs the faults
+    /// later, so errors are ignored.
+    ///
+    /// Huge pages: `MADV_HUGEPAGE` lets a page not yet cached be read into a 2 MiB folio
+    /// mapped by one entry; what is already cached keeps the folios it has (large if it
+    /// was read sequentially, 4 KiB if written or read a page at a time). Decoding streams
+    /// every weight per token, and reads them faster over huge pages (docs/BENCHMARKS.md).
+    pub fn populate(&self) {
+        let (ptr, len) = (self.map.as_ptr() as *mut libc::c_void, self.map.len());
+        if len == 0 {
+            return;
+        }
+        // SAFETY: advice on this live read-only mapping; none of it changes its contents.
+        // MADV_POPULATE_READ is Linux 5.14's; older kernels refuse it, and MADV_WILLNEED
+        // then at least starts reading the file into the page cache.
+        unsafe {
+            libc::madvise(ptr, len, libc::MADV_HUGEPAGE);
+            if libc::madvise(ptr, len, libc::MADV_POPULATE_READ) != 0 {
+                libc::madvise(ptr, len, libc::MADV_WILLNEED);
+            }
+        }
     }
 
     /// Drops the pages of `range` from this process's memory (mapped pages count in its
@@ -149,6 +176,14 @@ impl MappedFile {
                 )
             };
         }
+    }
+}
+
+/// The mapped bytes, for owners that keep a map alive while slices of it are in use
+/// (`bytes::Bytes::from_owner`, as `weights_file` hands tensors out over its map).
+impl AsRef<[u8]> for MappedFile {
+    fn as_ref(&self) -> &[u8] {
+        &self.map
     }
 }
 

@@ -41,6 +41,7 @@ pub mod config;
 pub mod files;
 pub mod generate;
 pub mod kernels;
+pub mod layout;
 pub mod load;
 pub mod model;
 mod panics;
@@ -49,6 +50,7 @@ pub mod record;
 pub mod rope;
 pub mod sampling;
 pub mod tokenizer;
+pub mod weights_file;
 
 #[cfg(test)]
 mod testing;

@@ -1,88 +1,75 @@
-//! Loading a model from its record: each parameter copied once from the mapped file
-//! (`crate::record`) into the layout the kernels read, matrices kept as bf16 where that
-//! loses nothing.
+//! Loading a model's parameters into the layout the kernels read (`crate::layout`): from
+//! the weights file (`crate::weights_file`), laid out once by the converter, as tensors
+//! over its map; or from the record (`crate::record`), each parameter copied once from the
+//! mapped file and laid out here.
 
 use std::collections::HashSet;
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
-use burn::tensor::{DType, Tensor, TensorCreationOptions, TensorData, TensorPrimitive, bf16};
-use rayon::prelude::*;
+use burn::tensor::{
+    AllocationProperty, Bytes, DType, Tensor, TensorCreationOptions, TensorData, TensorPrimitive,
+    bf16,
+};
 
 use crate::backend::KernelBackend;
+use crate::layout::{Form, Layout, narrowed, widened};
+pub use crate::layout::{Kept, Weights};
 use crate::model::Llama;
-use crate::params::{FieldPath, params};
+use crate::params::{FieldPath, ParamInfo, params};
 use crate::record::Record;
+use crate::weights_file::{self, Dtype, TIED_LM_HEAD, WeightsFile};
 
-/// How the loader keeps the matrices (projections and the embedding) in memory. The record
-/// holds f32; a bf16 checkpoint's values are bf16 values widened, 16 low bits zero, and
-/// kept as bf16 they take half the memory and half the bytes a decoded token reads, with
-/// the same products (`kernels::simd::Stored`).
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub enum Weights {
-    /// bf16 for each matrix whose every value is one (exact), f32 for any other, so an
-    /// f32-trained checkpoint is never rounded silently.
-    #[default]
-    Auto,
-    /// bf16, rounding (to nearest even) any value that is not one.
-    Bf16,
-    /// f32, as stored.
-    F32,
+/// Where the parameters come from.
+#[derive(Clone, Copy)]
+pub enum Source<'a> {
+    /// model.mpk: f32, as the checkpoint gave them; each laid out while loading.
+    Record(&'a Record),
+    /// weights.bin: laid out by the converter as [`Weights::Auto`] keeps them.
+    LaidOut(&'a WeightsFile),
 }
 
-impl std::fmt::Display for Weights {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Self::Auto => "auto",
-            Self::Bf16 => "bf16",
-            Self::F32 => "f32",
-        })
-    }
-}
-
-impl std::str::FromStr for Weights {
-    type Err = String;
-
-    fn from_str(s: &str) -> Result<Self, String> {
-        match s {
-            "auto" => Ok(Self::Auto),
-            "bf16" => Ok(Self::Bf16),
-            "f32" => Ok(Self::F32),
-            other => Err(format!("{other:?} is not one of auto, bf16, f32")),
+impl Source<'_> {
+    fn file_name(self) -> &'static str {
+        match self {
+            Source::Record(_) => "model.mpk",
+            Source::LaidOut(_) => weights_file::FILE_NAME,
         }
     }
 }
 
-/// What the loader kept each matrix as.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct Kept {
-    pub bf16: usize,
-    pub f32: usize,
-    /// Matrices rounded to bf16 (`Weights::Bf16` on values that are not all bf16).
-    pub rounded: usize,
-}
-
-/// Fills `model` (built by `LlamaConfig::init`, nothing allocated) from `record`, each
-/// parameter copied once from the map into the layout the model keeps it in: every
-/// projection column-major (what `Llama::with_matvec_layout` makes), matrices as `weights`
-/// says where the backend computes on bf16 (f32 where it does not), and with `tied`
-/// embeddings lm_head a view of the embedding, its stored copy not read.
+/// Fills `model` (built by `LlamaConfig::init`, nothing allocated) from `source`, each
+/// parameter in the layout the model keeps it in: every projection column-major (what
+/// `Llama::with_matvec_layout` makes), matrices as `weights` says where the backend
+/// computes on bf16 (f32 where it does not), and with `tied` embeddings lm_head a view of
+/// the embedding, a stored copy not read. Every parameter is checked against the model
+/// (the set, each shape) before any tensor is made.
+///
+/// From the weights file, a tensor kept as stored is the file's bytes over its map, no
+/// copy, on a backend that reads buffers in place (burn-flex); a matrix widened to f32 or
+/// rounded to bf16 is a new buffer.
 pub fn load_into<B: KernelBackend>(
-    record: &Record,
+    source: Source<'_>,
     model: Llama<B>,
     tied: bool,
     weights: Weights,
     device: &B::Device,
 ) -> Result<(Llama<B>, Kept), String> {
-    let declared: Vec<String> = params(&model).into_iter().map(|p| p.path).collect();
-    check_same_params(&record.param_paths(), &declared)?;
+    let declared = params(&model);
+    match source {
+        Source::Record(record) => {
+            let names: Vec<String> = declared.into_iter().map(|p| p.path).collect();
+            check_same_params(&record.param_paths(), &names, source.file_name())?;
+        }
+        Source::LaidOut(file) => check_laid_out(file, &declared, tied)?,
+    }
     let weights = if B::BF16_WEIGHTS {
         weights
     } else {
         Weights::F32
     };
     let mut loader = Loader {
-        record,
+        source,
         tied,
         weights,
         kept: Kept::default(),
@@ -98,10 +85,44 @@ pub fn load_into<B: KernelBackend>(
     }
 }
 
-/// The record's parameters against the ones the model declares, both ways, before any is
-/// copied: the loader reads only what the model asks for, so a record with a layer
+/// The weights file's tensors against the model's parameters (`params::params`): the same
+/// set (with `tied` embeddings, lm_head absent: the loader makes it a view), each of the
+/// shape its layout implies (opening the file has checked that a vector is f32). What the
+/// loader relies on, and what `converter verify` checks.
+pub fn check_laid_out(file: &WeightsFile, params: &[ParamInfo], tied: bool) -> Result<(), String> {
+    let declared: Vec<&ParamInfo> = (params.iter())
+        .filter(|p| !(tied && p.path == TIED_LM_HEAD))
+        .collect();
+    let stored: Vec<String> = (file.index().tensors.iter())
+        .map(|t| t.path.clone())
+        .collect();
+    let names: Vec<String> = declared.iter().map(|p| p.path.clone()).collect();
+    check_same_params(&stored, &names, weights_file::FILE_NAME)?;
+    for param in declared {
+        let entry = file.entry(&param.path).ok_or("checked: the same set")?;
+        let layout = Layout::of(&param.owner, &param.shape);
+        if entry.shape != layout.shape {
+            // Named in the model's terms, as config.json sizes it.
+            let (shape, how) = match (layout.linear, entry.shape.as_slice()) {
+                (Some(_), &[rows, cols]) => (
+                    vec![cols, rows],
+                    format!(" (stored transposed as {:?})", entry.shape),
+                ),
+                _ => (entry.shape.clone(), String::new()),
+            };
+            return Err(format!(
+                "{} has shape {shape:?}{how}, config.json implies {:?}",
+                param.path, param.shape
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The stored parameters against the ones the model declares, both ways, before any is
+/// copied: the loader reads only what the model asks for, so a file with a layer
 /// config.json does not declare would otherwise load with that layer silently unread.
-fn check_same_params(stored: &[String], declared: &[String]) -> Result<(), String> {
+fn check_same_params(stored: &[String], declared: &[String], file: &str) -> Result<(), String> {
     let absent_from = |names: &[String], other: &[String]| -> Vec<String> {
         let other: HashSet<&str> = other.iter().map(String::as_str).collect();
         (names.iter())
@@ -113,7 +134,7 @@ fn check_same_params(stored: &[String], declared: &[String]) -> Result<(), Strin
     let extra = absent_from(stored, declared);
     if !extra.is_empty() {
         problems.push(format!(
-            "model.mpk holds {} config.json does not declare ({})",
+            "{file} holds {} config.json does not declare ({})",
             parameters(extra.len()),
             some_of(&extra)
         ));
@@ -121,7 +142,7 @@ fn check_same_params(stored: &[String], declared: &[String]) -> Result<(), Strin
     let missing = absent_from(declared, stored);
     if !missing.is_empty() {
         problems.push(format!(
-            "config.json declares {} model.mpk lacks ({})",
+            "config.json declares {} {file} lacks ({})",
             parameters(missing.len()),
             some_of(&missing)
         ));
@@ -129,7 +150,7 @@ fn check_same_params(stored: &[String], declared: &[String]) -> Result<(), Strin
     match problems.is_empty() {
         true => Ok(()),
         false => Err(format!(
-            "{}: config.json and model.mpk disagree",
+            "{}: config.json and {file} disagree",
             problems.join("; ")
         )),
     }
@@ -153,7 +174,7 @@ fn some_of(names: &[String]) -> String {
 }
 
 struct Loader<'a, B: Backend> {
-    record: &'a Record,
+    source: Source<'a>,
     tied: bool,
     weights: Weights,
     kept: Kept,
@@ -165,75 +186,119 @@ struct Loader<'a, B: Backend> {
     error: Option<String>,
 }
 
-impl<B: Backend> Loader<'_, B> {
+impl<B: KernelBackend> Loader<'_, B> {
+    /// The parameter at `path` (of a module of type `owner`, of shape `expected`): its id
+    /// (`id` where the file keeps none) and its values in the model's layout.
     fn tensor<const D: usize>(
         &mut self,
         path: &str,
         owner: &str,
         expected: &[usize],
+        id: ParamId,
     ) -> Result<(ParamId, Tensor<B, D>), String> {
-        let stored = self.record.param(path)?;
-        if stored.shape != expected {
-            return Err(format!(
-                "{path} has shape {:?}, config.json implies {expected:?}",
-                stored.shape
-            ));
-        }
-        let id = ParamId::try_deserialize(stored.id)
-            .ok_or_else(|| format!("{path} has a corrupt parameter id"))?;
-        if self.tied && path == "lm_head.weight" {
-            let embedding = (self.embedding.clone()).ok_or("lm_head comes before the embedding")?;
-            let view = Tensor::<B, 2>::from_primitive(embedding).transpose();
-            return Ok((id, Tensor::from_primitive(view.into_primitive())));
-        }
-        let exact = expected.len() == 2 && self.weights != Weights::F32 && all_bf16(stored.bytes);
-        let as_bf16 = exact || (expected.len() == 2 && self.weights == Weights::Bf16);
-        self.kept.rounded += usize::from(as_bf16 && !exact);
-        if expected.len() == 2 {
-            if as_bf16 {
-                self.kept.bf16 += 1;
-            } else {
-                self.kept.f32 += 1;
+        let layout = Layout::of(owner, expected);
+        let (id, data, form) = match self.source {
+            Source::Record(record) => {
+                let stored = record.param(path)?;
+                if stored.shape != expected {
+                    return Err(format!(
+                        "{path} has shape {:?}, config.json implies {expected:?}",
+                        stored.shape
+                    ));
+                }
+                let id = ParamId::try_deserialize(stored.id)
+                    .ok_or_else(|| format!("{path} has a corrupt parameter id"))?;
+                if self.tied && path == TIED_LM_HEAD {
+                    return Ok((id, self.tied_lm_head()?));
+                }
+                let form = layout.form(stored.bytes, self.weights);
+                let data = layout.lay_out(stored.bytes, form);
+                record.release(&stored);
+                (id, data, form)
             }
-        }
-        // A projection, `[d_in, d_out]` stored row-major, is kept as `[d_out, d_in]`
-        // row-major seen transposed: each output's weights contiguous, as the matrix-vector
-        // kernel reads them.
-        let linear = match (owner, expected) {
-            ("Linear", &[d_in, d_out]) => Some((d_in, d_out)),
-            _ => None,
-        };
-        let shape = linear.map_or(expected.to_vec(), |(d_in, d_out)| vec![d_out, d_in]);
-        let bytes = stored.bytes;
-        let (data, dtype) = match (as_bf16, exact) {
-            (false, _) => (laid_out(bytes, linear, shape, |v| v), DType::F32),
-            // The high half of an f32 whose low half is zero is that value's bf16.
-            (true, true) => {
-                let narrow = |v: f32| bf16::from_bits((v.to_bits() >> 16) as u16);
-                (laid_out(bytes, linear, shape, narrow), DType::BF16)
+            Source::LaidOut(file) => {
+                if self.tied && path == TIED_LM_HEAD {
+                    return Ok((id, self.tied_lm_head()?));
+                }
+                // `check_laid_out` has compared the file's tensors with the model's.
+                let entry = file.entry(path).ok_or("checked: the same set")?;
+                let (data, form) = self.kept_from_file(file.bytes(entry), entry.dtype, &layout)?;
+                (id, data, form)
             }
-            (true, false) => (laid_out(bytes, linear, shape, bf16::from_f32), DType::BF16),
         };
-        let tensor = self.tensor_of::<D>(data, dtype);
-        let tensor = if linear.is_some() {
-            tensor.transpose()
-        } else {
-            tensor
+        self.kept.count(&layout, form);
+        let options = TensorCreationOptions::new(self.device.clone()).with_dtype(form.dtype());
+        let tensor = Tensor::<B, D>::from_data(data, options);
+        let tensor = match layout.linear {
+            Some(_) => tensor.transpose(),
+            None => tensor,
         };
-        self.record.release(&stored);
         if path == "embed_tokens.weight" {
             self.embedding = Some(tensor.clone().into_primitive());
         }
         Ok((id, tensor))
     }
 
-    fn tensor_of<const D: usize>(&self, data: TensorData, dtype: DType) -> Tensor<B, D> {
-        let options = TensorCreationOptions::new(self.device.clone()).with_dtype(dtype);
-        Tensor::from_data(data, options)
+    /// A tied lm_head: the embedding seen transposed, `[hidden, vocab]`.
+    fn tied_lm_head<const D: usize>(&self) -> Result<Tensor<B, D>, String> {
+        let embedding = (self.embedding.clone()).ok_or("lm_head comes before the embedding")?;
+        let view = Tensor::<B, 2>::from_primitive(embedding).transpose();
+        Ok(Tensor::from_primitive(view.into_primitive()))
+    }
+
+    /// A tensor of the weights file as `self.weights` keeps it: as stored (over the map on
+    /// a backend that reads buffers in place), a bf16 matrix widened to f32 (`Weights::F32`)
+    /// or an f32 one rounded to bf16 (`Weights::Bf16`).
+    fn kept_from_file(
+        &self,
+        bytes: bytes::Bytes,
+        stored: Dtype,
+        layout: &Layout,
+    ) -> Result<(TensorData, Form), String> {
+        let shape = layout.shape.clone();
+        let misaligned = |e| format!("a tensor of the weights file is misaligned ({e:?})");
+        Ok(match (stored, self.weights) {
+            (Dtype::Bf16, Weights::F32) => {
+                let values = bytemuck::try_cast_slice::<u8, bf16>(&bytes).map_err(misaligned)?;
+                (TensorData::new(widened(values), shape), Form::F32)
+            }
+            (Dtype::F32, Weights::Bf16) if layout.matrix => {
+                let values = bytemuck::try_cast_slice::<u8, f32>(&bytes).map_err(misaligned)?;
+                let (values, form) = narrowed(values);
+                (TensorData::new(values, shape), form)
+            }
+            (stored, _) => {
+                let form = match stored {
+                    Dtype::F32 => Form::F32,
+                    Dtype::Bf16 => Form::Bf16,
+                };
+                (kept_as_stored::<B>(bytes, shape, stored.burn()), form)
+            }
+        })
     }
 }
 
-impl<B: Backend> ModuleMapper<B> for Loader<'_, B> {
+/// A tensor's bytes as they are: over the map where the backend reads a buffer in place
+/// (the bf16-weight backend, burn-flex, whose tensors share their buffer and copy it before
+/// any write, so the read-only map is never written through); a copy of its own for
+/// burn-ndarray, which would otherwise copy a buffer it does not own on every operation.
+fn kept_as_stored<B: KernelBackend>(
+    bytes: bytes::Bytes,
+    shape: Vec<usize>,
+    dtype: DType,
+) -> TensorData {
+    if B::BF16_WEIGHTS {
+        TensorData::from_bytes(
+            Bytes::from_shared(bytes, AllocationProperty::File),
+            shape,
+            dtype,
+        )
+    } else {
+        TensorData::from_bytes_vec(bytes.to_vec(), shape, dtype)
+    }
+}
+
+impl<B: KernelBackend> ModuleMapper<B> for Loader<'_, B> {
     fn enter_module(&mut self, name: &str, container_type: &str) {
         self.path.enter(name, container_type);
     }
@@ -248,7 +313,7 @@ impl<B: Backend> ModuleMapper<B> for Loader<'_, B> {
         }
         let (path, owner) = (self.path.path(), self.path.owner().to_string());
         let expected = param.lazy_shape().to_vec();
-        match self.tensor::<D>(&path, &owner, &expected) {
+        match self.tensor::<D>(&path, &owner, &expected, param.id) {
             Ok((id, tensor)) => Param::initialized(id, tensor),
             Err(error) => {
                 self.error = Some(error);
@@ -256,76 +321,6 @@ impl<B: Backend> ModuleMapper<B> for Loader<'_, B> {
             }
         }
     }
-}
-
-/// `bytes` (little-endian f32) through `convert`, transposed for a projection
-/// (`linear: Some((d_in, d_out))`), as one tensor's data.
-fn laid_out<E: Copy + Default + Send + burn::tensor::Element>(
-    bytes: &[u8],
-    linear: Option<(usize, usize)>,
-    shape: Vec<usize>,
-    convert: impl Fn(f32) -> E + Sync,
-) -> TensorData {
-    let values = match linear {
-        Some((d_in, d_out)) => transposed(bytes, d_in, d_out, convert),
-        None => floats(bytes, convert),
-    };
-    TensorData::new(values, shape)
-}
-
-/// Whether every little-endian f32 of `bytes` is a bf16 value (its low 16 bits zero).
-fn all_bf16(bytes: &[u8]) -> bool {
-    // Branch-free within a chunk (an OR of the low halves), so it vectorizes.
-    bytes.par_chunks(4 << 16).all(|chunk| {
-        let low = chunk
-            .chunks_exact(4)
-            .fold(0u16, |low, b| low | u16::from_le_bytes([b[0], b[1]]));
-        low == 0
-    })
-}
-
-/// Little-endian f32 `bytes` as values, each through `convert`.
-fn floats<E: Copy + Default + Send>(bytes: &[u8], convert: impl Fn(f32) -> E + Sync) -> Vec<E> {
-    let mut values = vec![E::default(); bytes.len() / 4];
-    values
-        .par_chunks_mut(1 << 16)
-        .zip(bytes.par_chunks(4 << 16))
-        .for_each(|(values, bytes)| {
-            for (v, b) in values.iter_mut().zip(bytes.chunks_exact(4)) {
-                *v = convert(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-            }
-        });
-    values
-}
-
-/// Little-endian f32 `bytes` of a row-major `[rows, cols]` matrix as the values (through
-/// `convert`) of its transpose, `[cols, rows]` row-major. Blocks of output rows in
-/// parallel; within a block, tiles of source rows so the output lines written stay in cache.
-fn transposed<E: Copy + Default + Send>(
-    bytes: &[u8],
-    rows: usize,
-    cols: usize,
-    convert: impl Fn(f32) -> E + Sync,
-) -> Vec<E> {
-    const TILE: usize = 32;
-    let mut out = vec![E::default(); rows * cols];
-    if rows == 0 {
-        return out;
-    }
-    out.par_chunks_mut(TILE * rows)
-        .enumerate()
-        .for_each(|(block, out)| {
-            let (first, n) = (block * TILE, out.len() / rows);
-            for r0 in (0..rows).step_by(TILE) {
-                for r in r0..(r0 + TILE).min(rows) {
-                    let source = &bytes[(r * cols + first) * 4..][..n * 4];
-                    for (c, b) in source.chunks_exact(4).enumerate() {
-                        out[c * rows + r] = convert(f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
-                    }
-                }
-            }
-        });
-    out
 }
 
 #[cfg(test)]
@@ -350,7 +345,14 @@ mod tests {
         let record = Record::open(&path).unwrap();
         let load = |layers| {
             let model = config(layers).init::<B>(&device);
-            load_into(&record, model, false, Weights::Auto, &device).map(|_| ())
+            load_into(
+                Source::Record(&record),
+                model,
+                false,
+                Weights::Auto,
+                &device,
+            )
+            .map(|_| ())
         };
         assert_eq!(load(2), Ok(()));
         let fewer = load(1).unwrap_err();
@@ -369,20 +371,5 @@ mod tests {
             more.starts_with("config.json declares 9 parameters model.mpk lacks (layers.2."),
             "{more}"
         );
-    }
-
-    #[test]
-    fn transposed_moves_every_element() {
-        for (rows, cols) in [(37, 70), (64, 32), (1, 5), (5, 1)] {
-            let values: Vec<f32> = (0..rows * cols).map(|i| i as f32).collect();
-            let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
-            assert_eq!(floats(&bytes, |v| v), values);
-            let t = transposed(&bytes, rows, cols, |v| v);
-            for r in 0..rows {
-                for c in 0..cols {
-                    assert_eq!(t[c * rows + r], values[r * cols + c]);
-                }
-            }
-        }
     }
 }

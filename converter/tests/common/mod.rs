@@ -170,6 +170,18 @@ pub fn converted_tiny() -> (tempfile::TempDir, PathBuf, PathBuf) {
     (tmp, src, out)
 }
 
+/// Removes the artifact's weights file and its manifest entry, as an older converter wrote
+/// the artifact: the runtime then loads the record.
+pub fn drop_weights_file(out: &Path) {
+    std::fs::remove_file(out.join("weights.bin")).unwrap();
+    let path = out.join("manifest.json");
+    let mut manifest: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let files = manifest["files"].as_array_mut().unwrap();
+    files.retain(|f| f["name"] != "weights.bin");
+    write_json(&path, &manifest);
+}
+
 /// Output of one run of the converter binary.
 pub struct Run {
     pub success: bool,

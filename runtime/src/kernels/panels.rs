@@ -5,7 +5,7 @@
 //!
 //! Why not gemm on f32: gemm needs f32 weights, so a bf16 weight was first widened into an
 //! f32 copy, all of it on every call, to be read once more by gemm's own packing. At 1B
-//! that is 4 GB written and read again per forward pass whatever the prompt length. Here a
+//! that is about 5 GB written and read again per forward pass whatever the prompt length. Here a
 //! weight value is read once per call and widened in cache.
 //!
 //! Every output is one chain of fused multiply-adds over its inputs in order, from zero:
@@ -122,7 +122,7 @@ pub fn linear_rows(x: &[f32], weight: Rows<'_>, d_in: usize) -> Vec<f32> {
 /// `x` (`rows` rows of `d_in`) regrouped by blocks of KC inputs: block `b` holds inputs
 /// `b * KC..` of every row, each row's contiguous, at `b * KC * rows`. A block of rows read
 /// where they lie in x is `d_in` apart, a power of two in most models, and those rows all
-/// fall in the same few cache sets: at 512 rows they evicted each other from L2.
+/// fall in the same few cache sets, where at 512 rows they evict each other from L2.
 fn blocked(x: &[f32], rows: usize, d_in: usize, out: &mut Vec<f32>) {
     out.resize(x.len(), 0.0);
     let blocks: Vec<(usize, &mut [f32])> = (0..d_in)

@@ -268,11 +268,8 @@ impl<B: KernelBackend> Loader<'_, B> {
                 (TensorData::new(values, shape), form)
             }
             (stored, _) => {
-                let form = match stored {
-                    Dtype::F32 => Form::F32,
-                    Dtype::Bf16 => Form::Bf16,
-                };
-                (kept_as_stored::<B>(bytes, shape, stored.burn()), form)
+                let form = stored.form();
+                (kept_as_stored::<B>(bytes, shape, form.dtype()), form)
             }
         })
     }

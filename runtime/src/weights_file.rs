@@ -21,7 +21,6 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
-use burn::tensor::DType;
 use serde::{Deserialize, Serialize};
 
 use crate::files::MappedFile;
@@ -91,10 +90,20 @@ impl Dtype {
         }
     }
 
-    pub fn burn(self) -> DType {
+    /// The form a tensor stored as this type is kept in as it is.
+    pub fn form(self) -> Form {
         match self {
-            Dtype::F32 => DType::F32,
-            Dtype::Bf16 => DType::BF16,
+            Dtype::F32 => Form::F32,
+            Dtype::Bf16 => Form::Bf16,
+        }
+    }
+}
+
+impl From<Form> for Dtype {
+    fn from(form: Form) -> Self {
+        match form {
+            Form::F32 => Dtype::F32,
+            Form::Bf16 | Form::RoundedBf16 => Dtype::Bf16,
         }
     }
 }
@@ -286,10 +295,7 @@ pub fn write(
         let layout = Layout::of(&param.owner, &param.shape);
         let form = layout.form(values.bytes, Weights::Auto);
         record.release(&values);
-        let dtype = match form {
-            Form::F32 => Dtype::F32,
-            Form::Bf16 | Form::RoundedBf16 => Dtype::Bf16,
-        };
+        let dtype = Dtype::from(form);
         let offset = end.next_multiple_of(ALIGN as u64);
         let bytes = (layout.shape.iter().product::<usize>() * dtype.size()) as u64;
         end = offset + bytes;

@@ -7,6 +7,8 @@
 use burn::tensor::{DType, TensorData, bf16};
 use rayon::prelude::*;
 
+use crate::quant::BlockType;
+
 /// How the loader keeps the matrices (projections and the embedding) in memory. The record
 /// holds f32; a bf16 checkpoint's values are bf16 values widened, 16 low bits zero, and
 /// kept as bf16 they take half the memory and half the bytes a decoded token reads, with
@@ -21,6 +23,15 @@ pub enum Weights {
     Bf16,
     /// f32, as stored.
     F32,
+    /// Each projection quantized to these blocks as it loads (ggml's reference quantizer),
+    /// where its inputs are a whole number of blocks; the embedding as [`Weights::Auto`]
+    /// keeps it.
+    Blocks(BlockType),
+}
+
+impl Weights {
+    /// What `--weights` accepts, for errors and help.
+    pub const NAMES: &str = "auto, bf16, f32, q8_0, q4_0";
 }
 
 impl std::fmt::Display for Weights {
@@ -29,6 +40,7 @@ impl std::fmt::Display for Weights {
             Self::Auto => "auto",
             Self::Bf16 => "bf16",
             Self::F32 => "f32",
+            Self::Blocks(ty) => return f.write_str(&ty.name().to_lowercase()),
         })
     }
 }
@@ -41,7 +53,9 @@ impl std::str::FromStr for Weights {
             "auto" => Ok(Self::Auto),
             "bf16" => Ok(Self::Bf16),
             "f32" => Ok(Self::F32),
-            other => Err(format!("{other:?} is not one of auto, bf16, f32")),
+            "q8_0" => Ok(Self::Blocks(BlockType::Q8_0)),
+            "q4_0" => Ok(Self::Blocks(BlockType::Q4_0)),
+            other => Err(format!("{other:?} is not one of {}", Self::NAMES)),
         }
     }
 }
@@ -53,6 +67,8 @@ pub struct Kept {
     pub f32: usize,
     /// Matrices rounded to bf16 (`Weights::Bf16` on values that are not all bf16).
     pub rounded: usize,
+    /// Matrices kept as ggml blocks.
+    pub blocks: usize,
 }
 
 impl Kept {
@@ -68,6 +84,7 @@ impl Kept {
                 self.bf16 += 1;
                 self.rounded += 1;
             }
+            Form::Blocks(_) => self.blocks += 1,
         }
     }
 }
@@ -80,6 +97,8 @@ pub enum Form {
     Bf16,
     /// bf16, rounded to nearest even from f32 values that are not all bf16.
     RoundedBf16,
+    /// A projection as rows of ggml blocks (`u8` bytes, `[d_out, row bytes]`).
+    Blocks(BlockType),
 }
 
 impl Form {
@@ -87,6 +106,7 @@ impl Form {
         match self {
             Form::F32 => DType::F32,
             Form::Bf16 | Form::RoundedBf16 => DType::BF16,
+            Form::Blocks(_) => DType::U8,
         }
     }
 }
@@ -123,6 +143,12 @@ impl Layout {
 
     /// What `weights` keeps these values (little-endian f32 bytes) as.
     pub fn form(&self, f32_bytes: &[u8], weights: Weights) -> Form {
+        if let Weights::Blocks(ty) = weights {
+            return match self.linear {
+                Some((d_in, _)) if ty.row_bytes(d_in).is_some() => Form::Blocks(ty),
+                _ => self.form(f32_bytes, Weights::Auto),
+            };
+        }
         if !self.matrix || weights == Weights::F32 {
             Form::F32
         } else if all_bf16(f32_bytes) {
@@ -145,8 +171,30 @@ impl Layout {
                 bf16::from_bits((v.to_bits() >> 16) as u16)
             }),
             Form::RoundedBf16 => laid_out(f32_bytes, self.linear, shape, bf16::from_f32),
+            Form::Blocks(ty) => {
+                let (d_in, d_out) = self.linear.expect("only projections are kept as blocks");
+                let rows = transposed(f32_bytes, d_in, d_out, |v| v);
+                let blocks = quantized(&rows, d_in, ty);
+                let row_bytes = blocks.len() / d_out.max(1);
+                TensorData::new(blocks, [d_out, row_bytes])
+            }
         }
     }
+}
+
+/// Rows of `d_in` f32 values quantized to `ty` blocks, row after row, in parallel.
+pub fn quantized(rows: &[f32], d_in: usize, ty: BlockType) -> Vec<u8> {
+    let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
+    let mut out = vec![0u8; rows.len() / d_in.max(1) * row_bytes];
+    (out.par_chunks_mut(row_bytes).zip(rows.par_chunks(d_in))).for_each_init(
+        || Vec::with_capacity(row_bytes),
+        |buffer, (out, row)| {
+            buffer.clear();
+            ty.quantize(row, buffer);
+            out.copy_from_slice(buffer);
+        },
+    );
+    out
 }
 
 /// bf16 values widened to f32 (exact), in parallel.

@@ -46,6 +46,7 @@ pub mod load;
 pub mod model;
 mod panics;
 pub mod params;
+pub mod quant;
 pub mod record;
 pub mod rope;
 pub mod sampling;

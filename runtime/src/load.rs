@@ -63,10 +63,11 @@ pub fn load_into<B: KernelBackend>(
         }
         Source::LaidOut(file) => check_laid_out(file, &declared, tied)?,
     }
-    let weights = if B::BF16_WEIGHTS {
-        weights
-    } else {
-        Weights::F32
+    let weights = match weights {
+        // Quantized as asked on any backend: blocks kept (BLOCK_WEIGHTS) or their values.
+        Weights::Blocks(_) => weights,
+        _ if B::BF16_WEIGHTS => weights,
+        _ => Weights::F32,
     };
     let mut loader = Loader {
         source,
@@ -209,7 +210,7 @@ impl<B: KernelBackend> Loader<'_, B> {
                 let id = ParamId::try_deserialize(stored.id)
                     .ok_or_else(|| format!("{path} has a corrupt parameter id"))?;
                 if self.tied && path == TIED_LM_HEAD {
-                    return Ok((id, self.tied_lm_head()?));
+                    return Ok((id, self.tied_lm_head(&layout)?));
                 }
                 let form = layout.form(stored.bytes, self.weights);
                 let data = layout.lay_out(stored.bytes, form);
@@ -218,7 +219,7 @@ impl<B: KernelBackend> Loader<'_, B> {
             }
             Source::LaidOut(file) => {
                 if self.tied && path == TIED_LM_HEAD {
-                    return Ok((id, self.tied_lm_head()?));
+                    return Ok((id, self.tied_lm_head(&layout)?));
                 }
                 // `check_laid_out` has compared the file's tensors with the model's.
                 let entry = file.entry(path).ok_or("checked: the same set")?;
@@ -227,6 +228,10 @@ impl<B: KernelBackend> Loader<'_, B> {
             }
         };
         self.kept.count(&layout, form);
+        if let (Form::Blocks(ty), Some((d_in, d_out))) = (form, layout.linear) {
+            let tensor = B::blocks_matrix(ty, data.bytes, [d_in, d_out], &self.device);
+            return Ok((id, Tensor::from_primitive(tensor.into_primitive())));
+        }
         let options = TensorCreationOptions::new(self.device.clone()).with_dtype(form.dtype());
         let tensor = Tensor::<B, D>::from_data(data, options);
         let tensor = match layout.linear {
@@ -239,11 +244,23 @@ impl<B: KernelBackend> Loader<'_, B> {
         Ok((id, tensor))
     }
 
-    /// A tied lm_head: the embedding seen transposed, `[hidden, vocab]`.
-    fn tied_lm_head<const D: usize>(&self) -> Result<Tensor<B, D>, String> {
+    /// A tied lm_head: the embedding seen transposed, `[hidden, vocab]`; or, where
+    /// projections are kept as blocks, the embedding's rows quantized.
+    fn tied_lm_head<const D: usize>(&mut self, layout: &Layout) -> Result<Tensor<B, D>, String> {
         let embedding = (self.embedding.clone()).ok_or("lm_head comes before the embedding")?;
-        let view = Tensor::<B, 2>::from_primitive(embedding).transpose();
-        Ok(Tensor::from_primitive(view.into_primitive()))
+        let embedding = Tensor::<B, 2>::from_primitive(embedding);
+        if let (Weights::Blocks(ty), Some((d_in, d_out))) = (self.weights, layout.linear)
+            && ty.row_bytes(d_in).is_some()
+        {
+            let rows = embedding.into_data().convert::<f32>();
+            let rows = rows.as_slice::<f32>().map_err(|e| format!("{e:?}"))?;
+            let blocks = crate::layout::quantized(rows, d_in, ty);
+            self.kept.count(layout, Form::Blocks(ty));
+            let bytes = Bytes::from_elems(blocks);
+            let tensor = B::blocks_matrix(ty, bytes, [d_in, d_out], &self.device);
+            return Ok(Tensor::from_primitive(tensor.into_primitive()));
+        }
+        Ok(Tensor::from_primitive(embedding.transpose().into_primitive()))
     }
 
     /// A tensor of the weights file as `self.weights` keeps it: as stored (over the map on
@@ -258,6 +275,21 @@ impl<B: KernelBackend> Loader<'_, B> {
         let shape = layout.shape.clone();
         let misaligned = |e| format!("a tensor of the weights file is misaligned ({e:?})");
         Ok(match (stored, self.weights) {
+            (_, Weights::Blocks(ty)) if layout.form(&[], self.weights) == Form::Blocks(ty) => {
+                // Laid out already: rows of d_in, each quantized.
+                let rows = match stored {
+                    Dtype::F32 => bytemuck::try_cast_slice::<u8, f32>(&bytes)
+                        .map_err(misaligned)?
+                        .to_vec(),
+                    Dtype::Bf16 => {
+                        widened(bytemuck::try_cast_slice::<u8, bf16>(&bytes).map_err(misaligned)?)
+                    }
+                };
+                let (d_in, d_out) = layout.linear.expect("blocks are projections");
+                let blocks = crate::layout::quantized(&rows, d_in, ty);
+                let row_bytes = blocks.len() / d_out.max(1);
+                (TensorData::new(blocks, [d_out, row_bytes]), Form::Blocks(ty))
+            }
             (Dtype::Bf16, Weights::F32) => {
                 let values = bytemuck::try_cast_slice::<u8, bf16>(&bytes).map_err(misaligned)?;
                 (TensorData::new(widened(values), shape), Form::F32)

@@ -104,6 +104,7 @@ impl From<Form> for Dtype {
         match form {
             Form::F32 => Dtype::F32,
             Form::Bf16 | Form::RoundedBf16 => Dtype::Bf16,
+            Form::Blocks(ty) => unreachable!("the converter lays out as Weights::Auto, not {ty}"),
         }
     }
 }

@@ -59,8 +59,10 @@ struct CommonArgs {
     #[arg(long, value_parser = cli::thread_count)]
     threads: Option<usize>,
     /// How the weight matrices are kept in memory: auto (bf16 where that is exact, as for a
-    /// bf16 checkpoint, else f32), bf16 (rounding where it is not), f32. The results of
-    /// auto and f32 are the same to the bit; bf16 reads half the bytes.
+    /// bf16 checkpoint, else f32), bf16 (rounding where it is not), f32, or each projection
+    /// quantized as it loads to ggml's q8_0 or q4_0 blocks (llama.cpp's reference
+    /// quantizer; 1.06 and 0.56 bytes a weight). The results of auto and f32 are the same to
+    /// the bit; bf16 reads half the bytes.
     #[arg(long, default_value = "auto")]
     weights: Weights,
     /// What the KV cache stores keys and values as: f32 (as transformers), f16 (as

@@ -11,7 +11,7 @@
 use std::sync::Arc;
 
 use burn::tensor::{Bytes, DType, Shape, Tensor, TensorData, TensorPrimitive, bf16};
-use burn_flex::FlexTensor;
+use burn_flex::{FlexTensor, Layout};
 use rayon::prelude::*;
 
 use super::{Heads, KernelBackend, KvBuffers, KvDtype, LayerShape, LayerTensors, reference, take};
@@ -22,6 +22,7 @@ use crate::kernels::linear;
 use crate::kernels::matvec::{self, Rows};
 use crate::kernels::simd::{self, Stored};
 use crate::kernels::team;
+use crate::quant::BlockType;
 use crate::rope::RopeRows;
 
 /// Runs `$body` with `$stored` the element type of a KV cache buffer of dtype `$dtype`
@@ -58,6 +59,18 @@ impl KernelBackend for FlexBackend {
     const BF16_WEIGHTS: bool = true;
 
     const DECODE_BATCH: usize = MATVEC_ROWS;
+
+    /// Every kernel over weights reads blocks where they lie (`matvec_rows`).
+    const BLOCK_WEIGHTS: bool = true;
+
+    fn blocks_matrix(
+        ty: BlockType,
+        bytes: Bytes,
+        [d_in, d_out]: [usize; 2],
+        _device: &Self::Device,
+    ) -> Tensor<Self, 2> {
+        Tensor::from_primitive(TensorPrimitive::Float(blocks_tensor(ty, bytes, d_in, d_out)))
+    }
 
     /// Keeps the pool's other threads spinning for the token: see `kernels::team`.
     fn decode_token<R>(work: impl FnOnce() -> R) -> R {
@@ -360,7 +373,7 @@ fn widened(weight: FlexTensor) -> FlexTensor {
 
 /// The weight `[d_in, d_out]` as `d_out` contiguous rows of `d_in`, the layout the
 /// matrix-vector kernel reads, if it is stored column-major (`Llama::with_matvec_layout`),
-/// in f32 or bf16.
+/// in f32 or bf16, or as blocks ([`blocks_tensor`]).
 fn matvec_rows(weight: &FlexTensor) -> Option<Rows<'_>> {
     let layout = weight.layout();
     let shape = layout.shape();
@@ -368,6 +381,9 @@ fn matvec_rows(weight: &FlexTensor) -> Option<Rows<'_>> {
         return None;
     }
     let (d_in, d_out) = (shape[0], shape[1]);
+    if let [0, row_bytes] = *layout.strides() {
+        return blocks_rows(weight, d_in, d_out, row_bytes as usize);
+    }
     if *layout.strides() != [1, d_in as isize] {
         return None;
     }
@@ -377,6 +393,38 @@ fn matvec_rows(weight: &FlexTensor) -> Option<Rows<'_>> {
         DType::BF16 => weight.storage().get(range).map(Rows::Bf16),
         _ => None,
     }
+}
+
+/// A `[d_in, d_out]` weight kept as `d_out` rows of `ty` blocks (`bytes`, row after row) as a
+/// burn-flex tensor: bytes (u8 for the types of 32-value blocks, i8 for the K-quants' 256)
+/// seen as `[d_in, d_out]` with strides `[0, row bytes]`. Its type is the one of its family
+/// whose rows of `d_in` take that many bytes (unique within each family), which
+/// [`blocks_rows`] reads back. A Burn operation on it would see each row's first byte
+/// repeated (never out of bounds); none is run on it, as every product reads
+/// [`matvec_rows`].
+fn blocks_tensor(ty: BlockType, bytes: Bytes, d_in: usize, d_out: usize) -> FlexTensor {
+    let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
+    assert_eq!(bytes.len(), row_bytes * d_out, "{ty} blocks of {d_out} rows");
+    let dtype = if ty.values() == 32 {
+        DType::U8
+    } else {
+        DType::I8
+    };
+    let layout = Layout::new(Shape::from([d_in, d_out]), vec![0, row_bytes as isize], 0);
+    FlexTensor::new(bytes, layout, dtype)
+}
+
+/// The rows of a weight made by [`blocks_tensor`].
+fn blocks_rows(weight: &FlexTensor, d_in: usize, d_out: usize, row_bytes: usize) -> Option<Rows<'_>> {
+    let values = match weight.dtype() {
+        DType::U8 => 32,
+        DType::I8 => 256,
+        _ => return None,
+    };
+    let ty = (BlockType::ALL.into_iter())
+        .find(|ty| ty.values() == values && ty.row_bytes(d_in) == Some(row_bytes))?;
+    let bytes = weight.bytes().get(..row_bytes * d_out)?;
+    Some(Rows::Blocks(ty, bytes))
 }
 
 fn flex<const D: usize>(tensor: Tensor<FlexBackend, D>) -> FlexTensor {

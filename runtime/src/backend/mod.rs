@@ -12,6 +12,7 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use crate::NdArrayBackend;
+use crate::quant::BlockType;
 pub use crate::kernels::attention::Heads;
 pub use crate::kernels::layer::{LayerShape, LayerWeights, Projection};
 use crate::rope::RopeRows;
@@ -88,6 +89,24 @@ pub trait KernelBackend: Backend {
     /// Whether every operation here takes matrices (projection weights, the embedding)
     /// stored as bf16, computing as on their f32 values (`load::Weights`).
     const BF16_WEIGHTS: bool = false;
+
+    /// Whether matrices kept as ggml blocks stay blocks ([`Self::blocks_matrix`]), which
+    /// every operation here on projection weights then reads.
+    const BLOCK_WEIGHTS: bool = false;
+
+    /// A `[d_in, d_out]` projection weight kept as `d_out` rows of `ty` blocks, `bytes` row
+    /// after row. By default its decoded values, f32 (what the blocks stand for, exactly).
+    fn blocks_matrix(
+        ty: BlockType,
+        bytes: burn::tensor::Bytes,
+        [d_in, d_out]: [usize; 2],
+        device: &Self::Device,
+    ) -> Tensor<Self, 2> {
+        let mut values = vec![0.0f32; d_in * d_out];
+        ty.decode(&bytes, &mut values);
+        let data = burn::tensor::TensorData::new(values, [d_out, d_in]);
+        Tensor::<Self, 2>::from_data(data, device).transpose()
+    }
 
     /// Sequences decoded together at most ([`crate::model::Llama::decode_each`]) while each
     /// one's logits stay bit-identical to decoding it alone: 1 unless the backend's products

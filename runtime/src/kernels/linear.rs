@@ -52,6 +52,14 @@ fn in_blocks(x: &[f32], weight: Rows<'_>, d_in: usize, block_values: usize) -> V
                     });
                 rows_product(x, scratch, &mut out, [rows, n, d_in], first, d_out)
             }),
+            Rows::Blocks(ty, w) => SCRATCH.with_borrow_mut(|scratch| {
+                let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
+                scratch.resize(values.len(), 0.0);
+                (scratch.par_chunks_mut(d_in))
+                    .zip(w[first * row_bytes..(first + n) * row_bytes].par_chunks(row_bytes))
+                    .for_each(|(out, w)| ty.decode(w, out));
+                rows_product(x, scratch, &mut out, [rows, n, d_in], first, d_out)
+            }),
         }
     }
     out

@@ -19,6 +19,7 @@ use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use super::{simd, team};
+use crate::quant::BlockType;
 
 /// Below this many output rows per thread, splitting a product costs more than it saves.
 const MIN_ROWS_PER_THREAD: usize = 64;
@@ -30,12 +31,15 @@ const OWNER_BUNDLES: usize = 16;
 /// left computing a long last claim while the other waits.
 const HELPER_BUNDLES: usize = 4;
 
-/// A weight's rows, contiguous (a `[d_in, d_out]` weight stored column-major), in f32 or in
-/// bf16 (see [`simd::Stored`]: the products are the same to the bit).
+/// A weight's rows, contiguous (a `[d_in, d_out]` weight stored column-major): how a matrix
+/// is stored, which every kernel over weights dispatches on. In f32, in bf16 (see
+/// [`simd::Stored`]: the products are the same to the bit), or in ggml's blocks, each row a
+/// whole number of them (the products are those of the values they decode to, to the bit).
 #[derive(Debug, Clone, Copy)]
 pub enum Rows<'a> {
     F32(&'a [f32]),
     Bf16(&'a [half::bf16]),
+    Blocks(BlockType, &'a [u8]),
 }
 
 impl<'a> Rows<'a> {
@@ -44,6 +48,7 @@ impl<'a> Rows<'a> {
         match self {
             Rows::F32(rows) => rows.len(),
             Rows::Bf16(rows) => rows.len(),
+            Rows::Blocks(ty, rows) => rows.len() / ty.bytes() * ty.values(),
         }
     }
 
@@ -56,6 +61,9 @@ impl<'a> Rows<'a> {
         match self {
             Rows::F32(rows) => rows.chunks(n).map(Rows::F32).collect(),
             Rows::Bf16(rows) => rows.chunks(n).map(Rows::Bf16).collect(),
+            Rows::Blocks(ty, rows) => (rows.chunks(n / ty.values() * ty.bytes()))
+                .map(|rows| Rows::Blocks(ty, rows))
+                .collect(),
         }
     }
 
@@ -70,6 +78,9 @@ impl<'a> Rows<'a> {
         match self {
             Rows::F32(rows) => simd::matvec_bundles(rows, xs, d_in, out, stride, bundles),
             Rows::Bf16(rows) => simd::matvec_bundles_bf16(rows, xs, d_in, out, stride, bundles),
+            Rows::Blocks(ty, rows) => {
+                simd::matvec_bundles_blocks(ty, rows, xs, d_in, out, stride, bundles)
+            }
         }
     }
 }

@@ -75,6 +75,19 @@ pub fn linear_rows(x: &[f32], weight: Rows<'_>, d_in: usize) -> Vec<f32> {
                     match weight {
                         Rows::F32(w) => pack(w, d_in, columns.clone(), inputs.clone(), packed),
                         Rows::Bf16(w) => pack(w, d_in, columns.clone(), inputs.clone(), packed),
+                        Rows::Blocks(ty, w) => DECODED.with_borrow_mut(|decoded| {
+                            // The panel's pieces of rows decoded (exactly), then packed as f32.
+                            let (n, kc) = (columns.len(), inputs.len());
+                            decoded.resize(NR * KC, 0.0);
+                            let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
+                            let from = inputs.start / ty.values() * ty.bytes();
+                            let piece = kc / ty.values() * ty.bytes();
+                            for (j, out) in decoded.chunks_exact_mut(kc).take(n).enumerate() {
+                                let row = (columns.start + j) * row_bytes + from;
+                                ty.decode(&w[row..row + piece], out);
+                            }
+                            pack(&decoded[..n * kc], kc, 0..n, 0..kc, packed)
+                        }),
                     }
                     // The next panel's weights, fetched into L2 a few lines per tile while
                     // this one computes: its 32 short pieces of rows far apart are not
@@ -159,14 +172,32 @@ struct Ahead {
 
 impl Ahead {
     fn new(weight: Rows<'_>, d_in: usize, columns: Range<usize>, inputs: Range<usize>) -> Self {
-        let (start, size) = match weight {
-            Rows::F32(w) => (w[columns.start * d_in + inputs.start..].as_ptr().cast(), 4),
-            Rows::Bf16(w) => (w[columns.start * d_in + inputs.start..].as_ptr().cast(), 2),
+        // The first byte, the bytes of a column (a row of the weight), of the inputs.
+        let (start, column_bytes, bytes): (*const u8, _, _) = match weight {
+            Rows::F32(w) => (
+                w[columns.start * d_in + inputs.start..].as_ptr().cast(),
+                d_in * 4,
+                inputs.len() * 4,
+            ),
+            Rows::Bf16(w) => (
+                w[columns.start * d_in + inputs.start..].as_ptr().cast(),
+                d_in * 2,
+                inputs.len() * 2,
+            ),
+            Rows::Blocks(ty, w) => {
+                let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
+                let from = inputs.start / ty.values() * ty.bytes();
+                (
+                    w[columns.start * row_bytes + from..].as_ptr(),
+                    row_bytes,
+                    inputs.len().div_ceil(ty.values()) * ty.bytes(),
+                )
+            }
         };
-        let per_column = (inputs.len() * size).div_ceil(64);
+        let per_column = bytes.div_ceil(64);
         Self {
             start,
-            column_bytes: d_in * size,
+            column_bytes,
             per_column,
             lines: per_column * columns.len(),
         }
@@ -203,6 +234,8 @@ thread_local! {
     static PACKED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
     /// The calling thread's last `blocked` input, its buffer reused by the next call.
     static BLOCKED: Cell<Vec<f32>> = const { Cell::new(Vec::new()) };
+    /// The calling thread's decoded pieces of a quantized weight's rows, for `pack`.
+    static DECODED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
 
 /// Weights `w[j][k]` for `j` in `columns` (at most NR) and `k` in `inputs` (at most KC) into

@@ -12,6 +12,8 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::quant::BlockType;
+
 /// Independent accumulators per reduction: one AVX-512 register of f32.
 const LANES: usize = 16;
 
@@ -292,6 +294,22 @@ multiversioned! {
         bundles: Range<usize>,
     ) {
         bundles_of(weight, xs, d_in, out, stride, bundles)
+    }
+}
+
+multiversioned! {
+    /// [`matvec_bundles`] over quantized weights, rows of `ty` blocks: the same results, bit
+    /// for bit, as over the f32 values the blocks decode to.
+    pub fn matvec_bundles_blocks(
+        ty: BlockType,
+        weight: &[u8],
+        xs: &[f32],
+        d_in: usize,
+        out: &[AtomicU32],
+        stride: usize,
+        bundles: Range<usize>,
+    ) {
+        block_bundles_of(ty, weight, xs, d_in, out, stride, bundles)
     }
 }
 
@@ -601,66 +619,131 @@ fn bundles_of<W: Stored>(
     stride: usize,
     bundles: Range<usize>,
 ) {
-    let n = xs.len() / d_in;
     let quarter = weight.len() / d_in / 4;
-    let quartered = bundles.start.min(quarter)..bundles.end.min(quarter);
-    let leftover = bundles.start.max(quarter)..bundles.end;
     let row = |j: usize| &weight[j * d_in..][..d_in];
-    let store = |b: usize, j: usize, value: f32| {
-        out[b * stride + j].store(value.to_bits(), Ordering::Relaxed)
-    };
-    let x = |b: usize| &xs[b * d_in..][..d_in];
-    if d_in.is_multiple_of(LANES) {
-        for s in quartered {
+    let products = Products { xs, d_in, out, stride };
+    for s in bundles {
+        if s < quarter {
             let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
-            let block = rows.map(row);
-            let mut b = 0;
-            while n - b >= 8 {
-                // Eight vectors: two rows at a time, sixteen sums (`dot2_x8`).
-                let xs = [0, 1, 2, 3, 4, 5, 6, 7].map(|v| x(b + v));
-                for pair in [0, 2] {
-                    let sums = dot2_x8([block[pair], block[pair + 1]], xs);
-                    for (v, sums) in sums.iter().enumerate() {
-                        store(b + v, rows[pair], sums[0]);
-                        store(b + v, rows[pair + 1], sums[1]);
-                    }
-                }
-                b += 8;
-            }
-            while b < n {
-                let count = (n - b).min(VECTORS_PER_PASS);
-                // The pass's size is a constant in each arm, so its sums stay in registers.
-                let put = |sums: &[[f32; 4]]| {
-                    for (v, sums) in sums.iter().enumerate() {
-                        for (&j, &value) in rows.iter().zip(sums) {
-                            store(b + v, j, value);
-                        }
-                    }
-                };
-                if count == 1 {
-                    put(&dot4_vectors!(block; x(b) => s0));
-                } else {
-                    // A pass of fewer than four vectors repeats its last one.
-                    let xs = [0, 1, 2, 3].map(|v| x(b + v.min(count - 1)));
-                    put(&dot4_x4(block, xs)[..count]);
-                }
-                b += count;
-            }
-        }
-    } else {
-        for s in quartered {
-            for k in 0..4 {
-                let j = k * quarter + s;
-                for b in 0..n {
-                    store(b, j, dot(row(j), x(b)));
-                }
-            }
+            products.four(rows.map(row), rows);
+        } else {
+            // Leftover bundle s is row 4q + (s - q).
+            let j = 3 * quarter + s;
+            products.one(row(j), j);
         }
     }
-    // Leftover bundle s is row 4q + (s - q).
-    for j in leftover.start + 3 * quarter..leftover.end + 3 * quarter {
-        for b in 0..n {
-            store(b, j, dot(row(j), x(b)));
+}
+
+/// The body of [`matvec_bundles_blocks`]: each bundle's rows decoded into f32 (the values
+/// they stand for, exactly), then taken as f32 rows are.
+#[inline(always)]
+fn block_bundles_of(
+    ty: BlockType,
+    weight: &[u8],
+    xs: &[f32],
+    d_in: usize,
+    out: &[AtomicU32],
+    stride: usize,
+    bundles: Range<usize>,
+) {
+    let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
+    let quarter = weight.len() / row_bytes / 4;
+    let row = |j: usize| &weight[j * row_bytes..][..row_bytes];
+    let products = Products { xs, d_in, out, stride };
+    // Taken out of the thread-local rather than borrowed in a closure: a closure is
+    // compiled without its caller's target features, and would run the portable sums.
+    let mut decoded = DECODED.take();
+    decoded.resize(4 * d_in, 0.0);
+    for s in bundles {
+        if s < quarter {
+            let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
+            for (k, &j) in rows.iter().enumerate() {
+                ty.decode(row(j), &mut decoded[k * d_in..][..d_in]);
+            }
+            let block = [0, 1, 2, 3].map(|k| &decoded[k * d_in..][..d_in]);
+            products.four(block, rows);
+        } else {
+            let j = 3 * quarter + s;
+            ty.decode(row(j), &mut decoded[..d_in]);
+            products.one(&decoded[..d_in], j);
+        }
+    }
+    DECODED.set(decoded);
+}
+
+thread_local! {
+    /// The calling thread's decoded rows of quantized weights (`block_bundles_of`).
+    static DECODED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Where [`matvec_bundles`] puts its products: every vector of `xs` times given rows.
+struct Products<'a> {
+    xs: &'a [f32],
+    d_in: usize,
+    out: &'a [AtomicU32],
+    stride: usize,
+}
+
+impl Products<'_> {
+    #[inline(always)]
+    fn store(&self, b: usize, j: usize, value: f32) {
+        self.out[b * self.stride + j].store(value.to_bits(), Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn x(&self, b: usize) -> &[f32] {
+        &self.xs[b * self.d_in..][..self.d_in]
+    }
+
+    /// Row `j`, `row`, times every vector.
+    #[inline(always)]
+    fn one<W: Stored>(&self, row: &[W], j: usize) {
+        for b in 0..self.xs.len() / self.d_in {
+            self.store(b, j, dot(row, self.x(b)));
+        }
+    }
+
+    /// Rows `rows`, `block`, times every vector.
+    #[inline(always)]
+    fn four<W: Stored>(&self, block: [&[W]; 4], rows: [usize; 4]) {
+        let n = self.xs.len() / self.d_in;
+        if !self.d_in.is_multiple_of(LANES) {
+            for (row, j) in block.into_iter().zip(rows) {
+                self.one(row, j);
+            }
+            return;
+        }
+        let mut b = 0;
+        while n - b >= 8 {
+            // Eight vectors: two rows at a time, sixteen sums (`dot2_x8`).
+            let xs = [0, 1, 2, 3, 4, 5, 6, 7].map(|v| self.x(b + v));
+            for pair in [0, 2] {
+                let sums = dot2_x8([block[pair], block[pair + 1]], xs);
+                for (v, sums) in sums.iter().enumerate() {
+                    self.store(b + v, rows[pair], sums[0]);
+                    self.store(b + v, rows[pair + 1], sums[1]);
+                }
+            }
+            b += 8;
+        }
+        while b < n {
+            let count = (n - b).min(VECTORS_PER_PASS);
+            // The pass's size is a constant in each arm, so its sums stay in registers.
+            let put = |sums: &[[f32; 4]]| {
+                for (v, sums) in sums.iter().enumerate() {
+                    for (&j, &value) in rows.iter().zip(sums) {
+                        self.store(b + v, j, value);
+                    }
+                }
+            };
+            if count == 1 {
+                put(&dot4_vectors!(block; self.x(b) => s0));
+            } else {
+                // A pass of fewer than four vectors repeats its last one.
+                let xs = [0, 1, 2, 3].map(|v| self.x(b + v.min(count - 1)));
+                put(&dot4_x4(block, xs)[..count]);
+            }
+            b += count;
         }
     }
 }

@@ -67,8 +67,10 @@ pub struct Kept {
     pub f32: usize,
     /// Matrices rounded to bf16 (`Weights::Bf16` on values that are not all bf16).
     pub rounded: usize,
-    /// Matrices kept as ggml blocks.
+    /// Matrices kept as ggml blocks, and their bytes (the blocks' tensors say only how many
+    /// values they hold).
     pub blocks: usize,
+    pub block_bytes: usize,
 }
 
 impl Kept {

@@ -229,6 +229,7 @@ impl<B: KernelBackend> Loader<'_, B> {
         };
         self.kept.count(&layout, form);
         if let (Form::Blocks(ty), Some((d_in, d_out))) = (form, layout.linear) {
+            self.kept.block_bytes += data.bytes.len();
             let tensor = B::blocks_matrix(ty, data.bytes, [d_in, d_out], &self.device);
             return Ok((id, Tensor::from_primitive(tensor.into_primitive())));
         }
@@ -256,11 +257,14 @@ impl<B: KernelBackend> Loader<'_, B> {
             let rows = rows.as_slice::<f32>().map_err(|e| format!("{e:?}"))?;
             let blocks = crate::layout::quantized(rows, d_in, ty);
             self.kept.count(layout, Form::Blocks(ty));
+            self.kept.block_bytes += blocks.len();
             let bytes = Bytes::from_elems(blocks);
             let tensor = B::blocks_matrix(ty, bytes, [d_in, d_out], &self.device);
             return Ok(Tensor::from_primitive(tensor.into_primitive()));
         }
-        Ok(Tensor::from_primitive(embedding.transpose().into_primitive()))
+        Ok(Tensor::from_primitive(
+            embedding.transpose().into_primitive(),
+        ))
     }
 
     /// A tensor of the weights file as `self.weights` keeps it: as stored (over the map on
@@ -288,7 +292,10 @@ impl<B: KernelBackend> Loader<'_, B> {
                 let (d_in, d_out) = layout.linear.expect("blocks are projections");
                 let blocks = crate::layout::quantized(&rows, d_in, ty);
                 let row_bytes = blocks.len() / d_out.max(1);
-                (TensorData::new(blocks, [d_out, row_bytes]), Form::Blocks(ty))
+                (
+                    TensorData::new(blocks, [d_out, row_bytes]),
+                    Form::Blocks(ty),
+                )
             }
             (Dtype::Bf16, Weights::F32) => {
                 let values = bytemuck::try_cast_slice::<u8, bf16>(&bytes).map_err(misaligned)?;

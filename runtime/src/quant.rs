@@ -120,7 +120,10 @@ impl BlockType {
         // Plain loops, every function inlined: a kernel compiled for AVX-512 calls this, and
         // an iterator's `fold` would be a function of its own, compiled without it.
         for i in 0..n {
-            let (block, out) = (&blocks[i * bytes..][..bytes], &mut out[i * values..][..values]);
+            let (block, out) = (
+                &blocks[i * bytes..][..bytes],
+                &mut out[i * values..][..values],
+            );
             match self {
                 Self::Q8_0 => q8_0(block, out),
                 Self::Q4_0 => q4_0(block, out),
@@ -184,7 +187,10 @@ fn q5_0(block: &[u8], out: &mut [f32]) {
     let qh = u32::from_le_bytes([block[2], block[3], block[4], block[5]]);
     let (qs, out) = (&block[6..22], &mut out[..32]);
     for j in 0..16 {
-        let (fifth, fifth_high) = (((qh >> j) & 1) as i32 * 16, ((qh >> (j + 16)) & 1) as i32 * 16);
+        let (fifth, fifth_high) = (
+            ((qh >> j) & 1) as i32 * 16,
+            ((qh >> (j + 16)) & 1) as i32 * 16,
+        );
         out[j] = d * (((qs[j] & 0x0f) as i32 | fifth) - 16) as f32;
         out[j + 16] = d * (((qs[j] >> 4) as i32 | fifth_high) - 16) as f32;
     }
@@ -253,7 +259,18 @@ fn quantize_q8_0(values: &[f32], out: &mut Vec<u8>) {
     let d = amax / 127.0;
     let id = if d != 0.0 { 1.0 / d } else { 0.0 };
     out.extend(f16::from_f32(d).to_le_bytes());
-    out.extend(values.iter().map(|&x| (x * id).round() as i8 as u8));
+    out.extend(values.iter().map(|&x| round_half_away(x * id) as i8 as u8));
+}
+
+/// `x.round()` (to nearest, ties away from zero, as C's `roundf`) for `|x| < 2^31`, without
+/// the call to libm's `roundf` that `f32::round` is on CPUs without SSE4.1 at build time:
+/// the integer part, plus one if the part after it (exact in f32) is at least a half.
+#[inline(always)]
+fn round_half_away(x: f32) -> f32 {
+    let a = x.abs();
+    let whole = a as i32;
+    let rounded = (whole + i32::from(a - whole as f32 >= 0.5)) as f32;
+    rounded.copysign(x)
 }
 
 /// ggml's `quantize_row_q4_0_ref`: `d = max / -8` for the value of largest magnitude
@@ -306,6 +323,16 @@ mod tests {
                     assert!((v - x).abs() <= d * 0.5 * 1.01 + 1e-7, "{ty} {v} {x} {d}");
                 }
             }
+        }
+    }
+
+    #[test]
+    fn rounding_is_c_roundf() {
+        let cases = [
+            0.5, 1.5, 2.5, -0.5, -2.5, 0.49999997, 126.5, -127.0, 0.0, -0.0, 3.7, -3.2,
+        ];
+        for x in cases {
+            assert_eq!(round_half_away(x).to_bits(), x.round().to_bits(), "{x}");
         }
     }
 

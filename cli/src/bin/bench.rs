@@ -280,12 +280,14 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
         next = argmax(&logits);
     }
     let tg128 = 128.0 / t.elapsed().as_secs_f64();
-    // Decode reads every weight once per token, except the embedding: one row of it.
+    // Decode reads every weight once per token, except the embedding: one row of it. A
+    // matrix kept as blocks is a tensor of one-byte elements, which the loader counted.
     let weight_bytes: usize = params::<B, _>(&generator.model)
         .iter()
-        .filter(|param| param.path != "embed_tokens.weight")
+        .filter(|param| param.path != "embed_tokens.weight" && param.element_bytes > 1)
         .map(|param| param.shape.iter().product::<usize>() * param.element_bytes)
-        .sum();
+        .sum::<usize>()
+        + generator.kept.block_bytes;
     // Each layer's keys and values of every position so far; on average tg128's token sees
     // depth + 64 of them.
     let config = &generator.config;

@@ -57,7 +57,7 @@ fn in_blocks(x: &[f32], weight: Rows<'_>, d_in: usize, block_values: usize) -> V
                 scratch.resize(values.len(), 0.0);
                 (scratch.par_chunks_mut(d_in))
                     .zip(w[first * row_bytes..(first + n) * row_bytes].par_chunks(row_bytes))
-                    .for_each(|(out, w)| ty.decode(w, out));
+                    .for_each(|(out, w)| super::simd::decode_blocks(ty, w, out));
                 rows_product(x, scratch, &mut out, [rows, n, d_in], first, d_out)
             }),
         }

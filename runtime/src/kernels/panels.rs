@@ -84,7 +84,7 @@ pub fn linear_rows(x: &[f32], weight: Rows<'_>, d_in: usize) -> Vec<f32> {
                             let piece = kc / ty.values() * ty.bytes();
                             for (j, out) in decoded.chunks_exact_mut(kc).take(n).enumerate() {
                                 let row = (columns.start + j) * row_bytes + from;
-                                ty.decode(&w[row..row + piece], out);
+                                super::simd::decode_blocks(ty, &w[row..row + piece], out);
                             }
                             pack(&decoded[..n * kc], kc, 0..n, 0..kc, packed)
                         }),

@@ -298,6 +298,14 @@ multiversioned! {
 }
 
 multiversioned! {
+    /// [`BlockType::decode`] compiled for the widest vectors the CPU has (its loops are
+    /// written for the compiler to vectorize).
+    pub fn decode_blocks(ty: BlockType, blocks: &[u8], out: &mut [f32]) {
+        ty.decode(blocks, out)
+    }
+}
+
+multiversioned! {
     /// [`matvec_bundles`] over quantized weights, rows of `ty` blocks: the same results, bit
     /// for bit, as over the f32 values the blocks decode to.
     pub fn matvec_bundles_blocks(
@@ -455,7 +463,7 @@ pub(super) mod avx512 {
     /// about 80 instructions instead of sixteen stores and 256 scalar loads and adds.
     #[inline]
     #[target_feature(enable = "avx512f")]
-    fn sums16(v: [__m512; LANES]) -> [f32; LANES] {
+    pub(in crate::kernels) fn sums16(v: [__m512; LANES]) -> [f32; LANES] {
         let t = transpose(v);
         let sum = t[1..].iter().fold(t[0], |sum, &t| _mm512_add_ps(sum, t));
         let mut lanes = [0.0f32; LANES];
@@ -621,7 +629,12 @@ fn bundles_of<W: Stored>(
 ) {
     let quarter = weight.len() / d_in / 4;
     let row = |j: usize| &weight[j * d_in..][..d_in];
-    let products = Products { xs, d_in, out, stride };
+    let products = Products {
+        xs,
+        d_in,
+        out,
+        stride,
+    };
     for s in bundles {
         if s < quarter {
             let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
@@ -649,7 +662,32 @@ fn block_bundles_of(
     let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
     let quarter = weight.len() / row_bytes / 4;
     let row = |j: usize| &weight[j * row_bytes..][..row_bytes];
-    let products = Products { xs, d_in, out, stride };
+    let products = Products {
+        xs,
+        d_in,
+        out,
+        stride,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        for s in bundles.start.min(quarter)..bundles.end.min(quarter) {
+            let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
+            let mut store = |b: usize, k: usize, value: f32| products.store(b, rows[k], value);
+            // SAFETY: avx512f was just detected; each row holds d_in values (whole blocks,
+            // as row_bytes checked) and xs whole vectors of d_in.
+            unsafe {
+                super::blocks::avx512::four(ty, rows.map(|j| row(j).as_ptr()), xs, d_in, &mut store)
+            };
+        }
+        let leftover = bundles.start.max(quarter)..bundles.end;
+        let mut decoded = vec![0.0; d_in];
+        for s in leftover {
+            let j = 3 * quarter + s;
+            ty.decode(row(j), &mut decoded);
+            products.one(&decoded, j);
+        }
+        return;
+    }
     // Taken out of the thread-local rather than borrowed in a closure: a closure is
     // compiled without its caller's target features, and would run the portable sums.
     let mut decoded = DECODED.take();

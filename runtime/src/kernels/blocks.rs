@@ -1,0 +1,331 @@
+//! Matrix-vector products over quantized rows on AVX-512, each block decoded in registers
+//! as it streams in: no decoded copy of the rows is written and read back.
+//!
+//! Exact: a block's values are computed as [`crate::quant`] decodes them (the same f32
+//! operations), and each row's products are summed as `simd::matvec_bundles` sums an f32
+//! row (one FMA chain per lane, lane `i` taking the values `i`, `i + 16`, ... in order; the
+//! lanes added in order), so the results are those of the f32 path on the decoded values,
+//! bit for bit, whatever the batch.
+
+#[cfg(target_arch = "x86_64")]
+pub(super) mod avx512 {
+    use std::arch::x86_64::*;
+
+    use super::super::simd::avx512::sums16;
+    use crate::quant::BlockType;
+
+    /// A row of blocks, read 32 values at a time.
+    pub(super) trait Row: Copy {
+        /// Values `c..c + 32` (`c` a multiple of 32) in two registers.
+        ///
+        /// # Safety
+        /// AVX-512F present; the row holds value `c + 31`.
+        unsafe fn chunk32(self, c: usize) -> [__m512; 2];
+    }
+
+    /// The f16 at `p` widened, in every lane.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn half(p: *const u8) -> __m512 {
+        // SAFETY: the caller's block holds two bytes at p.
+        _mm512_cvtph_ps(_mm256_set1_epi16(unsafe {
+            p.cast::<i16>().read_unaligned()
+        }))
+    }
+
+    /// Sixteen bytes at `p` zero-extended to i32 lanes.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn bytes16(p: *const u8) -> __m512i {
+        _mm512_cvtepu8_epi32(unsafe { _mm_loadu_si128(p.cast()) })
+    }
+
+    #[derive(Clone, Copy)]
+    pub(super) struct Q8_0(pub *const u8);
+
+    impl Row for Q8_0 {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
+            unsafe {
+                let block = self.0.add(c / 32 * 34);
+                let d = half(block);
+                let q = |at: usize| {
+                    _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128(block.add(at).cast())))
+                };
+                [_mm512_mul_ps(q(2), d), _mm512_mul_ps(q(18), d)]
+            }
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    pub(super) struct Q4_0(pub *const u8);
+
+    impl Row for Q4_0 {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
+            unsafe {
+                let block = self.0.add(c / 32 * 18);
+                let d = half(block);
+                let q = bytes16(block.add(2));
+                let eight = _mm512_set1_epi32(8);
+                let low = _mm512_sub_epi32(_mm512_and_si512(q, _mm512_set1_epi32(0x0f)), eight);
+                let high = _mm512_sub_epi32(_mm512_srli_epi32::<4>(q), eight);
+                [
+                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(low)),
+                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(high)),
+                ]
+            }
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    pub(super) struct Q5_0(pub *const u8);
+
+    impl Row for Q5_0 {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
+            unsafe {
+                let block = self.0.add(c / 32 * 22);
+                let d = half(block);
+                let qh = _mm512_set1_epi32(block.add(2).cast::<i32>().read_unaligned());
+                let q = bytes16(block.add(6));
+                let lanes = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+                let fifth = |shift: __m512i| {
+                    let bit = _mm512_and_si512(_mm512_srlv_epi32(qh, shift), _mm512_set1_epi32(1));
+                    _mm512_slli_epi32::<4>(bit)
+                };
+                let sixteen = _mm512_set1_epi32(16);
+                let low =
+                    _mm512_or_si512(_mm512_and_si512(q, _mm512_set1_epi32(0x0f)), fifth(lanes));
+                let high = _mm512_or_si512(
+                    _mm512_srli_epi32::<4>(q),
+                    fifth(_mm512_add_epi32(lanes, sixteen)),
+                );
+                [
+                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(low, sixteen))),
+                    _mm512_mul_ps(d, _mm512_cvtepi32_ps(_mm512_sub_epi32(high, sixteen))),
+                ]
+            }
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    pub(super) struct Q4K(pub *const u8);
+
+    impl Row for Q4K {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
+            unsafe {
+                let block = self.0.add(c / 256 * 144);
+                let g = c % 256 / 32;
+                // The group's six-bit scale and min (`quant::scale_min_k4`).
+                let packed = std::slice::from_raw_parts(block.add(4), 12);
+                let (scale, min) = if g < 4 {
+                    (packed[g] & 0x3f, packed[g + 4] & 0x3f)
+                } else {
+                    (
+                        (packed[g + 4] & 0x0f) | ((packed[g - 4] >> 2) & 0x30),
+                        (packed[g + 4] >> 4) | ((packed[g] >> 2) & 0x30),
+                    )
+                };
+                let d = _mm512_cvtss_f32(half(block));
+                let dmin = _mm512_cvtss_f32(half(block.add(2)));
+                let (dl, ml) = (
+                    _mm512_set1_ps(d * scale as f32),
+                    _mm512_set1_ps(dmin * min as f32),
+                );
+                let qs = block.add(16 + g / 2 * 32);
+                let shift = _mm_cvtsi32_si128(4 * (g % 2) as i32);
+                let q = |at: usize| {
+                    let q = _mm512_srl_epi32(bytes16(qs.add(at)), shift);
+                    _mm512_cvtepi32_ps(_mm512_and_si512(q, _mm512_set1_epi32(0x0f)))
+                };
+                [
+                    _mm512_sub_ps(_mm512_mul_ps(dl, q(0)), ml),
+                    _mm512_sub_ps(_mm512_mul_ps(dl, q(16)), ml),
+                ]
+            }
+        }
+    }
+
+    #[derive(Clone, Copy)]
+    pub(super) struct Q6K(pub *const u8);
+
+    impl Row for Q6K {
+        #[inline]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
+            unsafe {
+                let block = self.0.add(c / 256 * 210);
+                let cc = c % 256 / 32;
+                let (half_, quarter) = (cc / 4, cc % 4);
+                let low = block.add(half_ * 64 + (quarter % 2) * 32);
+                let high = block.add(128 + half_ * 32);
+                let low_shift = _mm_cvtsi32_si128(4 * (quarter / 2) as i32);
+                let high_shift = _mm_cvtsi32_si128(2 * quarter as i32);
+                let d = _mm512_cvtss_f32(half(block.add(208)));
+                let scales = block.add(192 + 2 * cc).cast::<i8>();
+                let value = |at: usize, scale: i8| {
+                    let l = _mm512_and_si512(
+                        _mm512_srl_epi32(bytes16(low.add(at)), low_shift),
+                        _mm512_set1_epi32(0x0f),
+                    );
+                    let h = _mm512_and_si512(
+                        _mm512_srl_epi32(bytes16(high.add(at)), high_shift),
+                        _mm512_set1_epi32(3),
+                    );
+                    let q = _mm512_sub_epi32(
+                        _mm512_or_si512(l, _mm512_slli_epi32::<4>(h)),
+                        _mm512_set1_epi32(32),
+                    );
+                    _mm512_mul_ps(_mm512_set1_ps(d * f32::from(scale)), _mm512_cvtepi32_ps(q))
+                };
+                [value(0, *scales), value(16, *scales.add(1))]
+            }
+        }
+    }
+
+    /// The products of four rows of `ty` blocks with each of the `n` vectors of `d_in` in
+    /// `xs`, handed to `store(vector, row, value)`.
+    ///
+    /// # Safety
+    /// AVX-512F present; each row holds `d_in` values (a multiple of 32) of `ty` blocks;
+    /// `xs` holds `n * d_in` values.
+    #[target_feature(enable = "avx512f")]
+    pub(in crate::kernels) unsafe fn four(
+        ty: BlockType,
+        rows: [*const u8; 4],
+        xs: &[f32],
+        d_in: usize,
+        store: &mut impl FnMut(usize, usize, f32),
+    ) {
+        unsafe {
+            match ty {
+                BlockType::Q8_0 => four_of(rows.map(Q8_0), xs, d_in, store),
+                BlockType::Q4_0 => four_of(rows.map(Q4_0), xs, d_in, store),
+                BlockType::Q5_0 => four_of(rows.map(Q5_0), xs, d_in, store),
+                BlockType::Q4K => four_of(rows.map(Q4K), xs, d_in, store),
+                BlockType::Q6K => four_of(rows.map(Q6K), xs, d_in, store),
+            }
+        }
+    }
+
+    /// [`four`] for one block type: eight vectors at a time (two rows, sixteen sums), then
+    /// four, then one, as `simd::matvec_bundles` takes f32 rows.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn four_of<R: Row>(
+        rows: [R; 4],
+        xs: &[f32],
+        d_in: usize,
+        store: &mut impl FnMut(usize, usize, f32),
+    ) {
+        let n = xs.len() / d_in;
+        let x = |b: usize| xs[b * d_in..][..d_in].as_ptr();
+        let mut b = 0;
+        unsafe {
+            while n - b >= 8 {
+                let vectors = std::array::from_fn(|v| x(b + v));
+                for pair in [0, 2] {
+                    let sums = dot2_x8([rows[pair], rows[pair + 1]], vectors, d_in);
+                    for (v, sums) in sums.iter().enumerate() {
+                        store(b + v, pair, sums[0]);
+                        store(b + v, pair + 1, sums[1]);
+                    }
+                }
+                b += 8;
+            }
+            while n - b >= 4 {
+                let sums = dot4_x4(rows, std::array::from_fn(|v| x(b + v)), d_in);
+                for (v, sums) in sums.iter().enumerate() {
+                    for (k, &value) in sums.iter().enumerate() {
+                        store(b + v, k, value);
+                    }
+                }
+                b += 4;
+            }
+            while b < n {
+                for (k, &value) in dot4_x1(rows, x(b), d_in).iter().enumerate() {
+                    store(b, k, value);
+                }
+                b += 1;
+            }
+        }
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot4_x1<R: Row>(rows: [R; 4], x: *const f32, d_in: usize) -> [f32; 4] {
+        let zero = _mm512_setzero_ps();
+        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+        let mut c = 0;
+        while c < d_in {
+            unsafe {
+                let [w0, w1, w2, w3] = rows.map(|r| r.chunk32(c));
+                for h in 0..2 {
+                    let x = _mm512_loadu_ps(x.add(c + 16 * h));
+                    a0 = _mm512_fmadd_ps(w0[h], x, a0);
+                    a1 = _mm512_fmadd_ps(w1[h], x, a1);
+                    a2 = _mm512_fmadd_ps(w2[h], x, a2);
+                    a3 = _mm512_fmadd_ps(w3[h], x, a3);
+                }
+            }
+            c += 32;
+        }
+        let sums = sums16([
+            a0, a1, a2, a3, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero, zero,
+        ]);
+        [sums[0], sums[1], sums[2], sums[3]]
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot4_x4<R: Row>(rows: [R; 4], xs: [*const f32; 4], d_in: usize) -> [[f32; 4]; 4] {
+        let zero = _mm512_setzero_ps();
+        let mut acc = [zero; 16];
+        let mut c = 0;
+        while c < d_in {
+            unsafe {
+                let w = rows.map(|r| r.chunk32(c));
+                for h in 0..2 {
+                    for (v, x) in xs.iter().enumerate() {
+                        let x = _mm512_loadu_ps(x.add(c + 16 * h));
+                        for r in 0..4 {
+                            acc[4 * v + r] = _mm512_fmadd_ps(w[r][h], x, acc[4 * v + r]);
+                        }
+                    }
+                }
+            }
+            c += 32;
+        }
+        let sums = sums16(acc);
+        std::array::from_fn(|v| std::array::from_fn(|r| sums[4 * v + r]))
+    }
+
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    unsafe fn dot2_x8<R: Row>(rows: [R; 2], xs: [*const f32; 8], d_in: usize) -> [[f32; 2]; 8] {
+        let zero = _mm512_setzero_ps();
+        let mut acc = [zero; 16];
+        let mut c = 0;
+        while c < d_in {
+            unsafe {
+                let w = rows.map(|r| r.chunk32(c));
+                for h in 0..2 {
+                    for (v, x) in xs.iter().enumerate() {
+                        let x = _mm512_loadu_ps(x.add(c + 16 * h));
+                        acc[v] = _mm512_fmadd_ps(w[0][h], x, acc[v]);
+                        acc[8 + v] = _mm512_fmadd_ps(w[1][h], x, acc[8 + v]);
+                    }
+                }
+            }
+            c += 32;
+        }
+        let sums = sums16(acc);
+        std::array::from_fn(|v| [sums[v], sums[8 + v]])
+    }
+}

@@ -1,0 +1,376 @@
+//! The runtime's ggml blocks (`runtime::quant`) against gguf-py, and the kernels over them
+//! against the same kernels over the values the blocks decode to.
+//!
+//! Fixtures in tests/data/quant, made by scripts/quant_blocks_oracle.py:
+//! - quantize.f32: 64 blocks of 32 hard inputs (random normals from 1e-3 to 1e4, zeros of
+//!   both signs, exact ties at half steps, values a few ulps from a step where f32 rounding
+//!   decides the code, the largest magnitude twice with opposite signs, scales past both
+//!   ends of f16's range, f32 subnormals), named block by block in quantize.cases;
+//!   TYPE.quantized: gguf-py's `gguf.quants.quantize` of them for Q8_0 and Q4_0, which the
+//!   runtime must equal byte for byte; TYPE.ggml.quantized: llama.cpp's own quantizer
+//!   (`ggml_quantize_chunk`, which runs `quantize_row_q8_0_ref` / `quantize_row_q4_0_ref`)
+//!   on the same inputs. The two oracles agree on every byte of Q8_0 and on every Q4_0
+//!   block but one: a block of -0.0s, whose d gguf-py stores as +0.0 and ggml as -0.0. A
+//!   failure says, block by block, whether the runtime made ggml's bytes instead.
+//! - TYPE.blocks and TYPE.f32 for all five types: 16 random blocks (random bits, finite
+//!   f16 scales: small normals and arbitrary bit patterns) and gguf-py's
+//!   `gguf.quants.dequantize` of them, which decoding must equal bit for bit.
+
+use std::path::PathBuf;
+
+use half::f16;
+use runtime::kernels::linear::linear_rows;
+use runtime::kernels::matvec::{Rows, matvecs};
+use runtime::kernels::team;
+use runtime::layout;
+use runtime::quant::BlockType;
+
+fn fixture(name: &str) -> Vec<u8> {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/data/quant")
+        .join(name);
+    std::fs::read(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (made by scripts/quant_blocks_oracle.py)",
+            path.display()
+        )
+    })
+}
+
+fn f32s(bytes: &[u8]) -> Vec<f32> {
+    (bytes.chunks_exact(4))
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect()
+}
+
+/// Byte offsets of each type's f16 scale fields in a block, from ggml's block layouts
+/// (`block_q8_0`, …, `block_q6_K`): written out here rather than asked of the code under test.
+fn scale_offsets(ty: BlockType) -> &'static [usize] {
+    match ty {
+        BlockType::Q8_0 | BlockType::Q4_0 | BlockType::Q5_0 => &[0],
+        BlockType::Q4K => &[0, 2],
+        BlockType::Q6K => &[208],
+    }
+}
+
+/// The first index where `a` and `b` differ as bit patterns, with both values.
+fn first_difference(a: &[f32], b: &[f32]) -> Option<(usize, f32, f32)> {
+    assert_eq!(a.len(), b.len(), "lengths");
+    (a.iter().zip(b).enumerate())
+        .find(|(_, (a, b))| a.to_bits() != b.to_bits())
+        .map(|(i, (&a, &b))| (i, a, b))
+}
+
+/// `ty.quantize` on every fixture block against gguf-py's bytes: every differing block
+/// listed with its case, both byte strings and whether ours are ggml's.
+fn quantizes_as_gguf_py(ty: BlockType) {
+    let values = f32s(&fixture("quantize.f32"));
+    let cases = String::from_utf8(fixture("quantize.cases")).expect("quantize.cases is text");
+    let cases: Vec<&str> = cases.lines().collect();
+    let gguf_py = fixture(&format!("{ty}.quantized"));
+    let ggml = fixture(&format!("{ty}.ggml.quantized"));
+    assert_eq!(cases.len() * 32, values.len(), "one case name per block");
+    assert_eq!(
+        gguf_py.len(),
+        cases.len() * ty.bytes(),
+        "{ty}: fixture size"
+    );
+    assert_eq!(ggml.len(), gguf_py.len(), "{ty}: ggml fixture size");
+    let mut failures = Vec::new();
+    for (i, block) in values.chunks_exact(32).enumerate() {
+        let mut ours = Vec::new();
+        ty.quantize(block, &mut ours);
+        let want = &gguf_py[i * ty.bytes()..][..ty.bytes()];
+        if ours != want {
+            let ggml = &ggml[i * ty.bytes()..][..ty.bytes()];
+            failures.push(format!(
+                "{ty} block {i} ({}): ours {ours:?}, gguf-py {want:?}, ours {} ggml's",
+                cases[i],
+                if ours == ggml { "equal" } else { "differ from" }
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} blocks differ from gguf-py:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn q8_0_quantizes_as_gguf_py() {
+    quantizes_as_gguf_py(BlockType::Q8_0);
+}
+
+#[test]
+fn q4_0_quantizes_as_gguf_py() {
+    quantizes_as_gguf_py(BlockType::Q4_0);
+}
+
+/// `layout::quantized`, which quantizes rows in parallel, makes the bytes `quantize` makes
+/// row after row, whatever the thread count.
+#[test]
+fn rows_quantized_in_parallel_equal_one_by_one() {
+    let values = f32s(&fixture("quantize.f32"));
+    let d_in = 64;
+    for ty in [BlockType::Q8_0, BlockType::Q4_0] {
+        let mut one_by_one = Vec::new();
+        for row in values.chunks_exact(d_in) {
+            ty.quantize(row, &mut one_by_one);
+        }
+        for threads in [1, 2, 3] {
+            let pool = pool(threads);
+            let parallel = pool.install(|| layout::quantized(&values, d_in, ty));
+            assert!(parallel == one_by_one, "{ty}, {threads} threads");
+        }
+    }
+}
+
+#[test]
+fn every_type_decodes_as_gguf_py() {
+    let mut failures = Vec::new();
+    for ty in BlockType::ALL {
+        let blocks = fixture(&format!("{ty}.blocks"));
+        let want = f32s(&fixture(&format!("{ty}.f32")));
+        assert_eq!(blocks.len() % ty.bytes(), 0, "{ty}: whole blocks");
+        assert_eq!(blocks.len() / ty.bytes() * ty.values(), want.len(), "{ty}");
+        assert!(want.iter().any(|&v| v != 0.0), "{ty}: fixture all zeros");
+        let mut ours = vec![f32::NAN; want.len()];
+        ty.decode(&blocks, &mut ours);
+        if let Some((i, ours, gguf_py)) = first_difference(&ours, &want) {
+            failures.push(format!(
+                "{ty}: value {i} (block {}, index {}): ours {ours:e} ({:#010x}), gguf-py {gguf_py:e} ({:#010x})",
+                i / ty.values(),
+                i % ty.values(),
+                ours.to_bits(),
+                gguf_py.to_bits()
+            ));
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// A NaN or infinite scale (d, or Q4_K's dmin) in any block is found, the first such block
+/// named; the fixture's finite blocks pass.
+#[test]
+fn first_bad_scale_finds_each_types_nan_and_inf() {
+    for ty in BlockType::ALL {
+        let good = fixture(&format!("{ty}.blocks"));
+        let blocks = good.len() / ty.bytes();
+        assert_eq!(ty.first_bad_scale(&good), None, "{ty}: finite scales");
+        for &at in scale_offsets(ty) {
+            for bad in [f16::NAN, f16::INFINITY, f16::NEG_INFINITY] {
+                for first in [0, 5, blocks - 1] {
+                    let mut corrupted = good.clone();
+                    for b in [first, blocks - 1] {
+                        corrupted[b * ty.bytes() + at..][..2].copy_from_slice(&bad.to_le_bytes());
+                    }
+                    assert_eq!(
+                        ty.first_bad_scale(&corrupted),
+                        Some(first),
+                        "{ty}: {bad} at byte {at} of blocks {first} and {}",
+                        blocks - 1
+                    );
+                }
+            }
+        }
+    }
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .expect("a thread pool")
+}
+
+/// Values in [-0.5, 0.5), from a xorshift generator seeded with `state`.
+fn random(mut state: u64) -> impl FnMut() -> f32 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+}
+
+/// `d_out` rows of `d_in` as random blocks of `ty` (random bits, scales small finite f16s)
+/// and the f32 values they decode to.
+fn random_weight(
+    ty: BlockType,
+    d_out: usize,
+    d_in: usize,
+    next: &mut impl FnMut() -> f32,
+) -> (Vec<u8>, Vec<f32>) {
+    let n_blocks = d_out * d_in / ty.values();
+    let mut blocks: Vec<u8> = (0..n_blocks * ty.bytes())
+        .map(|_| ((next() + 0.5) * 256.0) as u8)
+        .collect();
+    for block in blocks.chunks_exact_mut(ty.bytes()) {
+        for &at in scale_offsets(ty) {
+            let scale = f16::from_f32(next() * 0.02);
+            block[at..at + 2].copy_from_slice(&scale.to_le_bytes());
+        }
+    }
+    let mut values = vec![0.0; d_out * d_in];
+    ty.decode(&blocks, &mut values);
+    (blocks, values)
+}
+
+/// Inputs per row for each type: whole blocks, 256 for the K types.
+fn widths(ty: BlockType) -> &'static [usize] {
+    match ty {
+        BlockType::Q4K | BlockType::Q6K => &[512],
+        _ => &[96, 576],
+    }
+}
+
+/// Row counts that the matrix-vector kernel splits across 2 and 3 threads or not, each
+/// leaving rows outside its bundles of four.
+const D_OUTS: [usize; 3] = [130, 259, 1000];
+
+/// `matvecs` over blocks equals, bit for bit, `matvecs` over their decoded values, with
+/// three weights in one call, at 1, 2 and 3 threads, in a team and not, for one vector and
+/// batches; and each vector of a batch gets what it gets alone.
+fn matvecs_equal_over_decoded_values(ty: BlockType, seed: u64) {
+    let mut next = random(seed);
+    for &d_in in widths(ty) {
+        let weights: Vec<(Vec<u8>, Vec<f32>)> = (D_OUTS.iter())
+            .map(|&d_out| random_weight(ty, d_out, d_in, &mut next))
+            .collect();
+        let blocks: Vec<Rows> = (weights.iter()).map(|(b, _)| Rows::Blocks(ty, b)).collect();
+        let decoded: Vec<Rows> = weights.iter().map(|(_, v)| Rows::F32(v)).collect();
+        for n in [1, 2, 5, 8, 9, 16] {
+            let xs: Vec<f32> = (0..n * d_in).map(|_| next()).collect();
+            for threads in [1, 2, 3] {
+                let pool = pool(threads);
+                for in_team in [false, true] {
+                    let run = |weights: &[Rows], xs: &[f32]| {
+                        pool.install(|| {
+                            if in_team {
+                                team::with_team(|| matvecs(weights, xs, d_in))
+                            } else {
+                                matvecs(weights, xs, d_in)
+                            }
+                        })
+                    };
+                    let (over_blocks, over_values) = (run(&blocks, &xs), run(&decoded, &xs));
+                    let alone: Vec<Vec<Vec<f32>>> =
+                        xs.chunks(d_in).map(|x| run(&blocks, x)).collect();
+                    let alone_values: Vec<Vec<Vec<f32>>> =
+                        xs.chunks(d_in).map(|x| run(&decoded, x)).collect();
+                    for (w, &d_out) in D_OUTS.iter().enumerate() {
+                        let at = format!(
+                            "{ty}, {d_in} x {d_out}, {n} vectors, {threads} threads, team {in_team}"
+                        );
+                        assert!(over_values[w].iter().any(|&v| v != 0.0), "{at}: all zero");
+                        if let Some((i, b, v)) = first_difference(&over_blocks[w], &over_values[w])
+                        {
+                            panic!(
+                                "{at}: output {i} (vector {}, row {}): blocks {b:e}, decoded {v:e}",
+                                i / d_out,
+                                i % d_out
+                            );
+                        }
+                        for (k, batched) in over_blocks[w].chunks(d_out).enumerate() {
+                            let (alone, alone_values) = (&alone[k][w], &alone_values[k][w]);
+                            if let Some((i, b, a)) = first_difference(batched, alone) {
+                                panic!("{at}: vector {k} row {i}: in the batch {b:e}, alone {a:e}");
+                            }
+                            if let Some((i, b, v)) = first_difference(alone, alone_values) {
+                                panic!(
+                                    "{at}: vector {k} alone, row {i}: blocks {b:e}, decoded {v:e}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matvecs_over_q8_0_equal_over_decoded_values() {
+    matvecs_equal_over_decoded_values(BlockType::Q8_0, 0x9e37_79b9_7f4a_7c15);
+}
+
+#[test]
+fn matvecs_over_q4_0_equal_over_decoded_values() {
+    matvecs_equal_over_decoded_values(BlockType::Q4_0, 0x2545_f491_4f6c_dd1d);
+}
+
+#[test]
+fn matvecs_over_q5_0_equal_over_decoded_values() {
+    matvecs_equal_over_decoded_values(BlockType::Q5_0, 0xd1b5_4a32_d192_ed03);
+}
+
+#[test]
+fn matvecs_over_q4_k_equal_over_decoded_values() {
+    matvecs_equal_over_decoded_values(BlockType::Q4K, 0x8cb9_2ba7_2f3d_8dd7);
+}
+
+#[test]
+fn matvecs_over_q6_k_equal_over_decoded_values() {
+    matvecs_equal_over_decoded_values(BlockType::Q6K, 0xaef1_7502_108e_f2d9);
+}
+
+/// `linear_rows` (panels on AVX-512, gemm elsewhere) over blocks equals, bit for bit,
+/// `linear_rows` over their decoded values, for 1, 7, 13 and 40 rows at 1, 2 and 3 threads.
+fn linear_rows_equal_over_decoded_values(ty: BlockType, seed: u64) {
+    let mut next = random(seed);
+    for &d_in in widths(ty) {
+        for d_out in D_OUTS {
+            let (blocks, values) = random_weight(ty, d_out, d_in, &mut next);
+            for rows in [1, 7, 13, 40] {
+                let x: Vec<f32> = (0..rows * d_in).map(|_| next()).collect();
+                for threads in [1, 2, 3] {
+                    let pool = pool(threads);
+                    let (over_blocks, over_values) = pool.install(|| {
+                        (
+                            linear_rows(&x, Rows::Blocks(ty, &blocks), d_in),
+                            linear_rows(&x, Rows::F32(&values), d_in),
+                        )
+                    });
+                    let at = format!("{ty}, {d_in} x {d_out}, {rows} rows, {threads} threads");
+                    assert_eq!(over_values.len(), rows * d_out, "{at}");
+                    assert!(over_values.iter().any(|&v| v != 0.0), "{at}: all zero");
+                    if let Some((i, b, v)) = first_difference(&over_blocks, &over_values) {
+                        panic!(
+                            "{at}: output {i} (row {}, column {}): blocks {b:e}, decoded {v:e}",
+                            i / d_out,
+                            i % d_out
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn linear_rows_over_q8_0_equal_over_decoded_values() {
+    linear_rows_equal_over_decoded_values(BlockType::Q8_0, 0x1234_5678_9abc_def1);
+}
+
+#[test]
+fn linear_rows_over_q4_0_equal_over_decoded_values() {
+    linear_rows_equal_over_decoded_values(BlockType::Q4_0, 0x0fed_cba9_8765_4321);
+}
+
+#[test]
+fn linear_rows_over_q5_0_equal_over_decoded_values() {
+    linear_rows_equal_over_decoded_values(BlockType::Q5_0, 0x5555_aaaa_3333_cccc);
+}
+
+#[test]
+fn linear_rows_over_q4_k_equal_over_decoded_values() {
+    linear_rows_equal_over_decoded_values(BlockType::Q4K, 0x7777_1111_9999_2222);
+}
+
+#[test]
+fn linear_rows_over_q6_k_equal_over_decoded_values() {
+    linear_rows_equal_over_decoded_values(BlockType::Q6K, 0x4242_4242_1717_1717);
+}

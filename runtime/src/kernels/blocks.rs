@@ -266,12 +266,13 @@ pub(super) mod avx512 {
         while c < d_in {
             unsafe {
                 let [w0, w1, w2, w3] = rows.map(|r| r.chunk32(c));
-                for h in 0..2 {
+                for (h, (((w0, w1), w2), w3)) in w0.into_iter().zip(w1).zip(w2).zip(w3).enumerate()
+                {
                     let x = _mm512_loadu_ps(x.add(c + 16 * h));
-                    a0 = _mm512_fmadd_ps(w0[h], x, a0);
-                    a1 = _mm512_fmadd_ps(w1[h], x, a1);
-                    a2 = _mm512_fmadd_ps(w2[h], x, a2);
-                    a3 = _mm512_fmadd_ps(w3[h], x, a3);
+                    a0 = _mm512_fmadd_ps(w0, x, a0);
+                    a1 = _mm512_fmadd_ps(w1, x, a1);
+                    a2 = _mm512_fmadd_ps(w2, x, a2);
+                    a3 = _mm512_fmadd_ps(w3, x, a3);
                 }
             }
             c += 32;
@@ -314,12 +315,12 @@ pub(super) mod avx512 {
         let mut c = 0;
         while c < d_in {
             unsafe {
-                let w = rows.map(|r| r.chunk32(c));
-                for h in 0..2 {
+                let [w0, w1] = rows.map(|r| r.chunk32(c));
+                for (h, (w0, w1)) in w0.into_iter().zip(w1).enumerate() {
                     for (v, x) in xs.iter().enumerate() {
                         let x = _mm512_loadu_ps(x.add(c + 16 * h));
-                        acc[v] = _mm512_fmadd_ps(w[0][h], x, acc[v]);
-                        acc[8 + v] = _mm512_fmadd_ps(w[1][h], x, acc[8 + v]);
+                        acc[v] = _mm512_fmadd_ps(w0, x, acc[v]);
+                        acc[8 + v] = _mm512_fmadd_ps(w1, x, acc[8 + v]);
                     }
                 }
             }

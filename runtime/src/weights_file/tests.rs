@@ -142,17 +142,21 @@ fn the_weights_file_loads_what_the_record_loads() {
                     bf16: matrices - 4,
                     f32: 4,
                     rounded: 0,
+                    ..Kept::default()
                 },
                 Weights::F32 => Kept {
                     bf16: 0,
                     f32: matrices,
                     rounded: 0,
+                    ..Kept::default()
                 },
                 Weights::Bf16 => Kept {
                     bf16: matrices,
                     f32: 0,
                     rounded: 4,
+                    ..Kept::default()
                 },
+                Weights::Blocks(_) => unreachable!("not among the cases"),
             };
             assert_eq!(kept, expected, "tied {tied}, {weights}");
         }

@@ -179,6 +179,24 @@ impl MappedFile {
     }
 }
 
+/// Drops from this process's memory the whole pages inside `bytes`, which must lie in a
+/// read-only private file mapping (a [`MappedFile`]'s): a loader done with a tensor it
+/// converted keeps the result, not the source's pages too. Dropped pages read again are
+/// reloaded from the file; failing to drop them only costs memory, so errors are ignored.
+///
+/// # Safety
+/// `bytes` must lie in a read-only private mapping of a file (madvise's `MADV_DONTNEED`
+/// on anonymous memory would zero it).
+pub unsafe fn release_mapped(bytes: &[u8]) {
+    const PAGE: usize = 4096;
+    let start = (bytes.as_ptr() as usize).next_multiple_of(PAGE);
+    let end = (bytes.as_ptr() as usize + bytes.len()) / PAGE * PAGE;
+    if start < end {
+        // SAFETY: the caller's promise; whole pages inside `bytes`.
+        unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+    }
+}
+
 /// The mapped bytes, for owners that keep a map alive while slices of it are in use
 /// (`bytes::Bytes::from_owner`, as `weights_file` hands tensors out over its map).
 impl AsRef<[u8]> for MappedFile {

@@ -186,14 +186,28 @@ impl Layout {
 
 /// Rows of `d_in` f32 values quantized to `ty` blocks, row after row, in parallel.
 pub fn quantized(rows: &[f32], d_in: usize, ty: BlockType) -> Vec<u8> {
+    quantized_from(rows, d_in, ty, |v| v)
+}
+
+/// Rows of `d_in` values quantized to `ty` blocks, each row widened to f32 by `widen` into a
+/// buffer of its thread's first: no f32 copy of the whole matrix (fresh pages to fault in).
+pub fn quantized_from<E: Copy + Sync>(
+    rows: &[E],
+    d_in: usize,
+    ty: BlockType,
+    widen: impl Fn(E) -> f32 + Sync,
+) -> Vec<u8> {
     let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
     let mut out = vec![0u8; rows.len() / d_in.max(1) * row_bytes];
     (out.par_chunks_mut(row_bytes).zip(rows.par_chunks(d_in))).for_each_init(
-        || Vec::with_capacity(row_bytes),
-        |buffer, (out, row)| {
-            buffer.clear();
-            ty.quantize(row, buffer);
-            out.copy_from_slice(buffer);
+        || (vec![0.0f32; d_in], Vec::with_capacity(row_bytes)),
+        |(values, blocks), (out, row)| {
+            for (v, &e) in values.iter_mut().zip(row) {
+                *v = widen(e);
+            }
+            blocks.clear();
+            ty.quantize(values, blocks);
+            out.copy_from_slice(blocks);
         },
     );
     out

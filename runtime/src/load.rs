@@ -253,9 +253,15 @@ impl<B: KernelBackend> Loader<'_, B> {
         if let (Weights::Blocks(ty), Some((d_in, d_out))) = (self.weights, layout.linear)
             && ty.row_bytes(d_in).is_some()
         {
-            let rows = embedding.into_data().convert::<f32>();
-            let rows = rows.as_slice::<f32>().map_err(|e| format!("{e:?}"))?;
-            let blocks = crate::layout::quantized(rows, d_in, ty);
+            let rows = embedding.into_data();
+            let blocks = match rows.as_slice::<bf16>() {
+                Ok(rows) => crate::layout::quantized_from(rows, d_in, ty, bf16::to_f32),
+                Err(_) => {
+                    let rows = rows.convert::<f32>();
+                    let rows = rows.as_slice::<f32>().map_err(|e| format!("{e:?}"))?;
+                    crate::layout::quantized(rows, d_in, ty)
+                }
+            };
             self.kept.count(layout, Form::Blocks(ty));
             self.kept.block_bytes += blocks.len();
             let bytes = Bytes::from_elems(blocks);
@@ -281,16 +287,21 @@ impl<B: KernelBackend> Loader<'_, B> {
         Ok(match (stored, self.weights) {
             (_, Weights::Blocks(ty)) if layout.form(&[], self.weights) == Form::Blocks(ty) => {
                 // Laid out already: rows of d_in, each quantized.
-                let rows = match stored {
-                    Dtype::F32 => bytemuck::try_cast_slice::<u8, f32>(&bytes)
-                        .map_err(misaligned)?
-                        .to_vec(),
+                let (d_in, d_out) = layout.linear.expect("blocks are projections");
+                let blocks = match stored {
+                    Dtype::F32 => {
+                        let rows =
+                            bytemuck::try_cast_slice::<u8, f32>(&bytes).map_err(misaligned)?;
+                        crate::layout::quantized(rows, d_in, ty)
+                    }
                     Dtype::Bf16 => {
-                        widened(bytemuck::try_cast_slice::<u8, bf16>(&bytes).map_err(misaligned)?)
+                        let rows =
+                            bytemuck::try_cast_slice::<u8, bf16>(&bytes).map_err(misaligned)?;
+                        crate::layout::quantized_from(rows, d_in, ty, bf16::to_f32)
                     }
                 };
-                let (d_in, d_out) = layout.linear.expect("blocks are projections");
-                let blocks = crate::layout::quantized(&rows, d_in, ty);
+                // SAFETY: the weights file's tensors lie in its read-only private map.
+                unsafe { crate::files::release_mapped(&bytes) };
                 let row_bytes = blocks.len() / d_out.max(1);
                 (
                     TensorData::new(blocks, [d_out, row_bytes]),

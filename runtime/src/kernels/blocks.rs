@@ -16,11 +16,25 @@ pub(super) mod avx512 {
 
     /// A row of blocks, read 32 values at a time.
     pub(super) trait Row: Copy {
+        const TYPE: BlockType;
+
+        /// Its first byte.
+        fn start(self) -> *const u8;
+
         /// Values `c..c + 32` (`c` a multiple of 32) in two registers.
         ///
         /// # Safety
         /// AVX-512F present; the row holds value `c + 31`.
         unsafe fn chunk32(self, c: usize) -> [__m512; 2];
+
+        /// Hints into L1 the bytes `ahead` bytes after those of values `c..c + 64`: the same
+        /// place in the row a bundle further on (the rows of a share are one after another).
+        #[inline(always)]
+        fn fetch(self, c: usize, ahead: usize) {
+            let at = c * Self::TYPE.bytes() / Self::TYPE.values() + ahead;
+            // SAFETY: a prefetch is a hint; it reads nothing and never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(self.start().wrapping_add(at).cast()) };
+        }
     }
 
     /// The f16 at `p` widened, in every lane.
@@ -44,6 +58,12 @@ pub(super) mod avx512 {
     pub(super) struct Q8_0(pub *const u8);
 
     impl Row for Q8_0 {
+        const TYPE: BlockType = BlockType::Q8_0;
+
+        fn start(self) -> *const u8 {
+            self.0
+        }
+
         #[inline]
         #[target_feature(enable = "avx512f")]
         unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
@@ -62,6 +82,12 @@ pub(super) mod avx512 {
     pub(super) struct Q4_0(pub *const u8);
 
     impl Row for Q4_0 {
+        const TYPE: BlockType = BlockType::Q4_0;
+
+        fn start(self) -> *const u8 {
+            self.0
+        }
+
         #[inline]
         #[target_feature(enable = "avx512f")]
         unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
@@ -84,6 +110,12 @@ pub(super) mod avx512 {
     pub(super) struct Q5_0(pub *const u8);
 
     impl Row for Q5_0 {
+        const TYPE: BlockType = BlockType::Q5_0;
+
+        fn start(self) -> *const u8 {
+            self.0
+        }
+
         #[inline]
         #[target_feature(enable = "avx512f")]
         unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
@@ -116,6 +148,12 @@ pub(super) mod avx512 {
     pub(super) struct Q4K(pub *const u8);
 
     impl Row for Q4K {
+        const TYPE: BlockType = BlockType::Q4K;
+
+        fn start(self) -> *const u8 {
+            self.0
+        }
+
         #[inline]
         #[target_feature(enable = "avx512f")]
         unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
@@ -156,6 +194,12 @@ pub(super) mod avx512 {
     pub(super) struct Q6K(pub *const u8);
 
     impl Row for Q6K {
+        const TYPE: BlockType = BlockType::Q6K;
+
+        fn start(self) -> *const u8 {
+            self.0
+        }
+
         #[inline]
         #[target_feature(enable = "avx512f")]
         unsafe fn chunk32(self, c: usize) -> [__m512; 2] {
@@ -225,13 +269,14 @@ pub(super) mod avx512 {
         store: &mut impl FnMut(usize, usize, f32),
     ) {
         let n = xs.len() / d_in;
+        let ahead = R::TYPE.row_bytes(d_in).expect("rows of whole blocks");
         let x = |b: usize| xs[b * d_in..][..d_in].as_ptr();
         let mut b = 0;
         unsafe {
             while n - b >= 8 {
                 let vectors = std::array::from_fn(|v| x(b + v));
                 for pair in [0, 2] {
-                    let sums = dot2_x8([rows[pair], rows[pair + 1]], vectors, d_in);
+                    let sums = dot2_x8([rows[pair], rows[pair + 1]], vectors, d_in, ahead);
                     for (v, sums) in sums.iter().enumerate() {
                         store(b + v, pair, sums[0]);
                         store(b + v, pair + 1, sums[1]);
@@ -240,7 +285,7 @@ pub(super) mod avx512 {
                 b += 8;
             }
             while n - b >= 4 {
-                let sums = dot4_x4(rows, std::array::from_fn(|v| x(b + v)), d_in);
+                let sums = dot4_x4(rows, std::array::from_fn(|v| x(b + v)), d_in, ahead);
                 for (v, sums) in sums.iter().enumerate() {
                     for (k, &value) in sums.iter().enumerate() {
                         store(b + v, k, value);
@@ -249,7 +294,7 @@ pub(super) mod avx512 {
                 b += 4;
             }
             while b < n {
-                for (k, &value) in dot4_x1(rows, x(b), d_in).iter().enumerate() {
+                for (k, &value) in dot4_x1(rows, x(b), d_in, ahead).iter().enumerate() {
                     store(b, k, value);
                 }
                 b += 1;
@@ -259,11 +304,14 @@ pub(super) mod avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn dot4_x1<R: Row>(rows: [R; 4], x: *const f32, d_in: usize) -> [f32; 4] {
+    unsafe fn dot4_x1<R: Row>(rows: [R; 4], x: *const f32, d_in: usize, ahead: usize) -> [f32; 4] {
         let zero = _mm512_setzero_ps();
         let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
         let mut c = 0;
         while c < d_in {
+            if c % 64 == 0 {
+                rows.iter().for_each(|r| r.fetch(c, ahead));
+            }
             unsafe {
                 let [w0, w1, w2, w3] = rows.map(|r| r.chunk32(c));
                 for (h, (((w0, w1), w2), w3)) in w0.into_iter().zip(w1).zip(w2).zip(w3).enumerate()
@@ -285,11 +333,19 @@ pub(super) mod avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn dot4_x4<R: Row>(rows: [R; 4], xs: [*const f32; 4], d_in: usize) -> [[f32; 4]; 4] {
+    unsafe fn dot4_x4<R: Row>(
+        rows: [R; 4],
+        xs: [*const f32; 4],
+        d_in: usize,
+        ahead: usize,
+    ) -> [[f32; 4]; 4] {
         let zero = _mm512_setzero_ps();
         let mut acc = [zero; 16];
         let mut c = 0;
         while c < d_in {
+            if c % 64 == 0 {
+                rows.iter().for_each(|r| r.fetch(c, ahead));
+            }
             unsafe {
                 let w = rows.map(|r| r.chunk32(c));
                 for h in 0..2 {
@@ -309,11 +365,19 @@ pub(super) mod avx512 {
 
     #[inline]
     #[target_feature(enable = "avx512f")]
-    unsafe fn dot2_x8<R: Row>(rows: [R; 2], xs: [*const f32; 8], d_in: usize) -> [[f32; 2]; 8] {
+    unsafe fn dot2_x8<R: Row>(
+        rows: [R; 2],
+        xs: [*const f32; 8],
+        d_in: usize,
+        ahead: usize,
+    ) -> [[f32; 2]; 8] {
         let zero = _mm512_setzero_ps();
         let mut acc = [zero; 16];
         let mut c = 0;
         while c < d_in {
+            if c % 64 == 0 {
+                rows.iter().for_each(|r| r.fetch(c, ahead));
+            }
             unsafe {
                 let [w0, w1] = rows.map(|r| r.chunk32(c));
                 for (h, (w0, w1)) in w0.into_iter().zip(w1).enumerate() {

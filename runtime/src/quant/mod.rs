@@ -11,6 +11,8 @@
 
 use half::f16;
 
+mod k;
+
 /// The block types a matrix can be kept in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BlockType {
@@ -96,7 +98,7 @@ impl BlockType {
 
     /// Whether it can quantize f32 values at load (`quantize`).
     pub fn quantizes(self) -> bool {
-        matches!(self, Self::Q8_0 | Self::Q4_0)
+        matches!(self, Self::Q8_0 | Self::Q4_0 | Self::Q4K | Self::Q6K)
     }
 
     /// The index of the first block (of the whole blocks in `blocks`) with a scale that is
@@ -145,6 +147,8 @@ impl BlockType {
         match self {
             Self::Q8_0 => blocks.for_each(|v| quantize_q8_0(v, out)),
             Self::Q4_0 => blocks.for_each(|v| quantize_q4_0(v, out)),
+            Self::Q4K => blocks.for_each(|v| k::quantize_q4_k(v, out)),
+            Self::Q6K => blocks.for_each(|v| k::quantize_q6_k(v, out)),
             other => panic!("{} is not quantized at load", other.name()),
         }
     }

@@ -31,7 +31,7 @@ pub enum Weights {
 
 impl Weights {
     /// What `--weights` accepts, for errors and help.
-    pub const NAMES: &str = "auto, bf16, f32, q8_0, q4_0";
+    pub const NAMES: &str = "auto, bf16, f32, q8_0, q4_0, q4_k, q6_k";
 }
 
 impl std::fmt::Display for Weights {
@@ -55,6 +55,8 @@ impl std::str::FromStr for Weights {
             "f32" => Ok(Self::F32),
             "q8_0" => Ok(Self::Blocks(BlockType::Q8_0)),
             "q4_0" => Ok(Self::Blocks(BlockType::Q4_0)),
+            "q4_k" => Ok(Self::Blocks(BlockType::Q4K)),
+            "q6_k" => Ok(Self::Blocks(BlockType::Q6K)),
             other => Err(format!("{other:?} is not one of {}", Self::NAMES)),
         }
     }

@@ -60,8 +60,9 @@ struct CommonArgs {
     threads: Option<usize>,
     /// How the weight matrices are kept in memory: auto (bf16 where that is exact, as for a
     /// bf16 checkpoint, else f32), bf16 (rounding where it is not), f32, or each projection
-    /// quantized as it loads to ggml's q8_0 or q4_0 blocks (llama.cpp's reference
-    /// quantizer; 1.06 and 0.56 bytes a weight). The results of auto and f32 are the same to
+    /// quantized as it loads to ggml's q8_0, q4_0, q4_k or q6_k blocks (llama.cpp's
+    /// reference quantizer; 1.06, 0.56, 0.56 and 0.82 bytes a weight; the K types need
+    /// inputs a multiple of 256, other projections stay as auto keeps them). The results of auto and f32 are the same to
     /// the bit; bf16 reads half the bytes.
     #[arg(long, default_value = "auto")]
     weights: Weights,

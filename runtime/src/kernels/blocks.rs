@@ -363,8 +363,8 @@ pub(super) mod avx512 {
                 for h in 0..2 {
                     for (v, x) in xs.iter().enumerate() {
                         let x = _mm512_loadu_ps(x.add(c + 16 * h));
-                        for r in 0..4 {
-                            acc[4 * v + r] = _mm512_fmadd_ps(w[r][h], x, acc[4 * v + r]);
+                        for (r, w) in w.iter().enumerate() {
+                            acc[4 * v + r] = _mm512_fmadd_ps(w[h], x, acc[4 * v + r]);
                         }
                     }
                 }

@@ -137,7 +137,8 @@ impl BlockType {
     }
 
     /// `values` (whole blocks of them) as blocks of this type, appended to `out`, as ggml's
-    /// reference quantizer (`quantize_row_*_ref`) and gguf-py's `quantize_blocks` make them.
+    /// reference quantizer (`quantize_row_*_ref`, what llama-quantize runs without an importance
+    /// matrix) makes them, and gguf-py's `quantize` for the types it has (Q8_0, Q4_0).
     ///
     /// # Panics
     /// If this type does not [`quantize`](Self::quantizes), or `values` is not whole blocks.

@@ -4,8 +4,11 @@
 //! every tensor's name, shape and dtype), so a bad checkpoint fails in milliseconds. Weights
 //! are then decoded one tensor at a time straight into the runtime's own module, which is
 //! saved with the runtime's recorder: record field paths can't drift from the model.
+//! A checkpoint imported from a quantized GGUF has its projections' blocks beside it
+//! (`crate::blocks`): weights.bin stores those verbatim, once each is checked to decode to
+//! exactly the record's values, and nothing else of the artifact refers to them.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
@@ -20,9 +23,10 @@ use runtime::files::read_bounded;
 use runtime::model::Llama;
 use runtime::params::{ParamInfo, params};
 use runtime::tokenizer::{TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer, TokenizerError};
-use runtime::weights_file::{self, RecordId};
+use runtime::weights_file::{self, RecordId, StoredBlocks};
 use safetensors::Dtype;
 
+use crate::blocks::{self, BlocksFile};
 use crate::checkpoint::Checkpoint;
 use crate::digest::{PROBE_TEXT, digest_file, digests, probe};
 use crate::names::{self, Transform};
@@ -61,6 +65,11 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
     let model = config.init::<B>(&device);
     let sources = plan(&checkpoint, &config, &model)?;
     let declared = params::<B, _>(&model);
+    let blocks_file = BlocksFile::open(src)?;
+    let blocks = match &blocks_file {
+        Some(file) => kept_blocks(file, &declared, config.tie_word_embeddings)?,
+        None => HashMap::new(),
+    };
 
     // Creates `out` too (and removes it again if this run fails before finishing).
     let staging = Staging::create(out.join(".partial"), &[src])?;
@@ -79,13 +88,21 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
         sha256,
         bytes,
     };
-    write_weights(&staging, &declared, config.tie_word_embeddings, &record)?;
+    write_weights(
+        &staging,
+        &declared,
+        config.tie_word_embeddings,
+        &blocks,
+        &record,
+    )?;
     artifact_files.push(WEIGHTS_FILE.to_string());
 
+    // blocks.safetensors is a source: `verify --source` checks it as it checks the rest.
     let source_files = side_files
         .iter()
         .map(|(name, _)| name.to_string())
-        .chain(checkpoint.files.iter().cloned());
+        .chain(checkpoint.files.iter().cloned())
+        .chain(blocks_file.map(|_| blocks::FILE_NAME.to_string()));
     let others = artifact_files.iter().filter(|f| *f != MODEL_FILE).cloned();
     let mut files = digests(&staging.path(""), others)?;
     files.push(record);
@@ -113,11 +130,12 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
 
 /// Writes weights.bin into `staging`: the parameters `declared` laid out from the record
 /// just written there (`record`, its digest), as the runtime keeps them
-/// (`runtime::weights_file`).
+/// (`runtime::weights_file`), the projections of `blocks` as those blocks.
 fn write_weights(
     staging: &Staging,
     declared: &[ParamInfo],
     tied: bool,
+    blocks: &HashMap<String, StoredBlocks<'_>>,
     record: &FileDigest,
 ) -> Result<()> {
     let written = runtime::record::Record::open(&staging.path(MODEL_FILE))
@@ -127,7 +145,15 @@ fn write_weights(
         bytes: record.bytes,
         sha256: record.sha256.clone(),
     };
-    weights_file::write(&written, id, declared, tied, &mut out).map_err(|e| anyhow!(e))?;
+    weights_file::write(&written, id, declared, tied, blocks, &mut out).map_err(
+        |e| match blocks.is_empty() {
+            true => anyhow!(e),
+            false => anyhow!(
+                "{e}: {} does not hold the checkpoint's values",
+                blocks::FILE_NAME
+            ),
+        },
+    )?;
     let file = finish_keeping(out).with_context(|| format!("cannot write {WEIGHTS_FILE}"))?;
     // Written, the file sits in the page cache in the small folios buffered writes make,
     // and a load right after would map it 4 KiB at a time. Dropped now (clean after the
@@ -137,6 +163,57 @@ fn write_weights(
     // SAFETY: posix_fadvise on a descriptor this function owns.
     unsafe { libc::posix_fadvise(file.as_raw_fd(), 0, 0, libc::POSIX_FADV_DONTNEED) };
     Ok(())
+}
+
+/// The blocks of `file` by the record field path of the projection each is (`declared`, the
+/// model's parameters; a tied lm_head is not stored, so it has none), each of the shape
+/// its projection needs: `[d_out, row bytes]` of `d_in` values a row.
+fn kept_blocks<'a>(
+    file: &'a BlocksFile,
+    declared: &[ParamInfo],
+    tied: bool,
+) -> Result<HashMap<String, StoredBlocks<'a>>> {
+    let mut kept = HashMap::new();
+    for param in declared {
+        let Some((hf_name, Transform::Transpose)) = names::to_hf(param) else {
+            continue;
+        };
+        let Some(tensor) = file.tensors.get(&hf_name) else {
+            continue;
+        };
+        ensure!(
+            !(tied && hf_name == names::LM_HEAD),
+            "{}: {hf_name} is given as blocks, but config.json ties it to the embedding",
+            blocks::FILE_NAME
+        );
+        let &[d_in, d_out] = param.shape.as_slice() else {
+            bail!("projection {} is not a matrix", param.path);
+        };
+        let ty = tensor.ty;
+        let row_bytes = ty.row_bytes(d_in);
+        ensure!(
+            row_bytes.is_some_and(|row_bytes| tensor.shape == [d_out, row_bytes]),
+            "{}: {hf_name} is {:?} bytes of {ty} blocks, config.json implies {d_out} rows of {d_in} values{}",
+            blocks::FILE_NAME,
+            tensor.shape,
+            match row_bytes {
+                Some(row_bytes) => format!(" ([{d_out}, {row_bytes}] bytes)"),
+                None => format!(", not whole {ty} blocks of {}", ty.values()),
+            }
+        );
+        let bytes = file.bytes(tensor);
+        kept.insert(param.path.clone(), StoredBlocks { ty, bytes });
+    }
+    let projection = |name: &&String| {
+        (declared.iter()).any(|p| names::to_hf(p) == Some(((*name).clone(), Transform::Transpose)))
+    };
+    if let Some(name) = file.tensors.keys().find(|name| !projection(name)) {
+        bail!(
+            "{}: {name} is not a projection of the model",
+            blocks::FILE_NAME
+        );
+    }
+    Ok(kept)
 }
 
 /// How a chat template is rendered to check it: `runtime::chat::render_isolated` in the

@@ -149,6 +149,12 @@ impl Gguf {
     pub fn dequantize(&self, info: &TensorInfo) -> Result<Vec<f32>> {
         read_tensor(self.file.bytes(), info)
     }
+
+    /// The tensor's data as the file stores it (for a quantized type, its blocks; for an
+    /// unsupported type, nothing).
+    pub fn raw(&self, info: &TensorInfo) -> &[u8] {
+        &self.file.bytes()[info.start..info.start + info.len]
+    }
 }
 
 /// The values of `info`, one of the tensors [`parse`] found in `file`.

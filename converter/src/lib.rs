@@ -3,6 +3,7 @@
 //! The binary (`main.rs`) is a thin command line over these modules; the library exists so
 //! tests and the fuzz targets (`fuzz/`) reach the parsers directly.
 
+pub mod blocks;
 pub mod checkpoint;
 pub mod convert;
 pub mod digest;

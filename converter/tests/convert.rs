@@ -145,6 +145,8 @@ fn failed_conversion_keeps_the_previous_artifact() {
 
 // ---- GGUF import ----
 
+/// tiny_gguf's q projection is Q8_0, a type the runtime keeps: the checkpoint is f32 (the
+/// exact values) and blocks.safetensors holds its blocks, rows moved as the values' are.
 #[test]
 fn gguf_import_dequantizes_and_unpermutes() {
     let tmp = tempfile::tempdir().unwrap();
@@ -155,22 +157,32 @@ fn gguf_import_dequantizes_and_unpermutes() {
 
     let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
-    let bf16s = |name: &str| -> Vec<f32> {
+    let f32s = |name: &str| -> Vec<f32> {
         let t = st.tensor(name).unwrap();
-        assert_eq!(t.dtype(), Dtype::BF16);
+        assert_eq!(t.dtype(), Dtype::F32);
         t.data()
-            .chunks(2)
-            .map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32())
+            .chunks(4)
+            .map(|c| f32::from_le_bytes(c.try_into().unwrap()))
             .collect()
     };
     let embed = st.tensor("model.embed_tokens.weight").unwrap();
     assert_eq!(embed.shape(), [3, 4]);
     assert_eq!(
-        bf16s("model.embed_tokens.weight"),
+        f32s("model.embed_tokens.weight"),
         (0..12).map(|i| i as f32 * 0.5).collect::<Vec<_>>()
     );
     // One head of 4 rows: GGUF rows (0, 1, 2, 3) hold HF rows (0, 2, 1, 3).
-    let q = bf16s("model.layers.0.self_attn.q_proj.weight");
+    let q = f32s("model.layers.0.self_attn.q_proj.weight");
+    let blocks = std::fs::read(out.join("blocks.safetensors")).unwrap();
+    let blocks = safetensors::SafeTensors::deserialize(&blocks).unwrap();
+    let q_blocks = blocks
+        .tensor("model.layers.0.self_attn.q_proj.weight")
+        .unwrap();
+    assert_eq!(
+        (q_blocks.dtype(), q_blocks.shape()),
+        (Dtype::U8, &[4, 34][..])
+    );
+    assert_eq!(blocks.len(), 1);
     for (hf_row, gguf_row) in [(0, 0), (1, 2), (2, 1), (3, 3)] {
         let expected: Vec<f32> = (0..32).map(|c| 0.5 * (gguf_row * 10 + c) as f32).collect();
         assert_eq!(
@@ -178,13 +190,72 @@ fn gguf_import_dequantizes_and_unpermutes() {
             expected[..],
             "row {hf_row}"
         );
+        let block = &q_blocks.data()[hf_row * 34..][..34];
+        assert_eq!(block[..2], half::f16::from_f32(0.5).to_le_bytes());
+        assert!(
+            block[2..]
+                .iter()
+                .copied()
+                .eq((0..32).map(|c| gguf_row as u8 * 10 + c))
+        );
     }
+    let (_, metadata) = safetensors::SafeTensors::read_metadata(
+        &std::fs::read(out.join("blocks.safetensors")).unwrap(),
+    )
+    .unwrap();
+    let types = metadata.metadata().clone().unwrap();
+    assert_eq!(
+        types,
+        [(
+            "model.layers.0.self_attn.q_proj.weight".to_string(),
+            "Q8_0".to_string()
+        )]
+        .into()
+    );
     let config: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("config.json")).unwrap()).unwrap();
     assert_eq!(config["rms_norm_eps"], serde_json::json!(1e-5));
     assert_eq!(config["tie_word_embeddings"], serde_json::json!(true));
     let tokenizer = tokenizers::Tokenizer::from_file(out.join("tokenizer.json")).unwrap();
     assert_eq!(tokenizer.encode("ab", false).unwrap().get_ids(), [2]);
+}
+
+/// A GGUF whose projections are of no type the runtime keeps as blocks (here F32, and Q4_1)
+/// imports as before: a bf16 checkpoint, values rounded to nearest even, no blocks file.
+#[test]
+fn gguf_without_kept_blocks_imports_as_bf16() {
+    let embed: Vec<u8> = (0..12)
+        .flat_map(|i| (i as f32 * 0.3).to_le_bytes())
+        .collect();
+    let q_f32: Vec<u8> = (0..128)
+        .flat_map(|i| (i as f32 * 0.1).to_le_bytes())
+        .collect();
+    // Q4_1: `d: f16, m: f16, qs: [u8; 16]`, value `d * q + m`; a block a row.
+    let mut q_q4_1 = Vec::new();
+    for row in 0..4u8 {
+        q_q4_1.extend(half::f16::from_f32(0.1).to_le_bytes());
+        q_q4_1.extend(half::f16::from_f32(-0.3).to_le_bytes());
+        q_q4_1.extend((0..16u8).map(|j| j.wrapping_mul(row + 3)));
+    }
+    for (type_id, q) in [(0, q_f32), (3, q_q4_1)] {
+        let tmp = tempfile::tempdir().unwrap();
+        let (gguf, out) = (tmp.path().join("m.gguf"), tmp.path().join("hf"));
+        let file = tiny_gguf_metadata("llama", "gpt2", "smollm")
+            .tensor("token_embd.weight", &[4, 3], 0, &embed)
+            .tensor("blk.0.attn_q.weight", &[32, 4], type_id, &q);
+        std::fs::write(&gguf, file.build()).unwrap();
+        let run = converter(&[&"import-gguf", &gguf, &out]);
+        assert!(run.success, "{}", run.stderr);
+        assert!(!out.join("blocks.safetensors").exists());
+        let bytes = std::fs::read(out.join("model.safetensors")).unwrap();
+        let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+        for (_, tensor) in st.tensors() {
+            assert_eq!(tensor.dtype(), Dtype::BF16);
+        }
+        let embed = st.tensor("model.embed_tokens.weight").unwrap();
+        let first: Vec<u8> = embed.data()[2..4].to_vec();
+        assert_eq!(first, half::bf16::from_f32(0.3).to_le_bytes());
+    }
 }
 
 #[test]

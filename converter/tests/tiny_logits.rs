@@ -139,7 +139,10 @@ fn family_fixture(dir: &std::path::Path) -> Fixture {
 /// encodes as the source tokenizer.json does (which llama.cpp's tokenization of the GGUF
 /// was checked against when the fixture was made) on the tokenizer oracle's 293 strings, and
 /// a checkpoint whose logits are transformers' on gguf-py's dequantization of the file.
-/// Fixtures: tests/data/gguf-*, made by scripts/make_gguf_fixtures.py.
+/// Fixtures: tests/data/gguf-*, made by scripts/make_gguf_fixtures.py, whose logits are of
+/// those values rounded to bf16 (as imports were then); the import keeps them exact now (it
+/// keeps Q4_K and Q6_K blocks, which tests/gguf_blocks.rs checks), so the test rounds them
+/// as the fixture did before converting.
 #[test]
 fn gguf_family_imports_match_transformers() {
     #[derive(Deserialize)]
@@ -168,6 +171,33 @@ fn gguf_family_imports_match_transformers() {
         }
 
         let fixture = family_fixture(&dir);
+        rounded_to_bf16(&checkpoint);
         convert_and_check(&checkpoint, &fixture);
     }
+}
+
+/// The f32 checkpoint in `dir` rounded to bf16 (to nearest even, as PyTorch rounds), its
+/// blocks file dropped: they stand for the values before rounding.
+fn rounded_to_bf16(dir: &std::path::Path) {
+    let path = dir.join("model.safetensors");
+    let bytes = std::fs::read(&path).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<(String, Vec<usize>, Vec<u8>)> = (st.tensors().into_iter())
+        .map(|(name, t)| {
+            assert_eq!(t.dtype(), safetensors::Dtype::F32, "{name}");
+            let rounded = (t.data().chunks_exact(4))
+                .flat_map(|c| {
+                    half::bf16::from_f32(f32::from_le_bytes(c.try_into().unwrap())).to_le_bytes()
+                })
+                .collect();
+            (name, t.shape().to_vec(), rounded)
+        })
+        .collect();
+    let views = (tensors.iter()).map(|(name, shape, data)| {
+        let view =
+            safetensors::tensor::TensorView::new(safetensors::Dtype::BF16, shape.clone(), data);
+        (name.clone(), view.unwrap())
+    });
+    safetensors::serialize_to_file(views, None, &path).unwrap();
+    std::fs::remove_file(dir.join("blocks.safetensors")).unwrap();
 }

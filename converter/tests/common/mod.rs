@@ -330,6 +330,13 @@ pub fn tiny_gguf_with(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
         q8.extend(f16::from_f32(0.5).to_le_bytes());
         q8.extend((0..32u8).map(|c| row * 10 + c));
     }
+    tiny_gguf_metadata(arch, tokenizer, pre)
+        .tensor("token_embd.weight", &[4, 3], 0, &embed)
+        .tensor("blk.0.attn_q.weight", &[32, 4], 8, &q8)
+}
+
+/// [`tiny_gguf_with`]'s metadata, no tensors.
+pub fn tiny_gguf_metadata(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
     GgufBuilder::new()
         .str("general.architecture", arch)
         .u32("llama.block_count", 1)
@@ -343,6 +350,4 @@ pub fn tiny_gguf_with(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
         .str("tokenizer.ggml.pre", pre)
         .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
         .strings("tokenizer.ggml.merges", &["a b"])
-        .tensor("token_embd.weight", &[4, 3], 0, &embed)
-        .tensor("blk.0.attn_q.weight", &[32, 4], 8, &q8)
 }

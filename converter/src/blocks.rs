@@ -1,0 +1,110 @@
+//! blocks.safetensors: a quantized GGUF's projections as their ggml blocks, beside the
+//! checkpoint's f32 model.safetensors, which holds exactly the values they decode to.
+//! `import-gguf` writes it; `convert` stores each tensor of it verbatim in weights.bin
+//! (`runtime::weights_file::StoredBlocks`) once checked against the record, so a loaded
+//! model computes on the GGUF's own blocks.
+//!
+//! Each tensor is U8 `[d_out, row bytes]` under its Hugging Face name: a row is one output's
+//! `d_in` inputs as whole blocks, the rows in model.safetensors's order (q/k un-permuted,
+//! whole rows moved). The safetensors metadata maps each tensor's name to its ggml type
+//! (`Q8_0`, `Q4_0`, `Q5_0`, `Q4_K`, `Q6_K`: the types the runtime keeps, `BlockType`).
+
+use std::collections::{BTreeMap, HashMap};
+use std::ops::Range;
+use std::path::Path;
+
+use anyhow::{Context, Result, bail};
+use runtime::files::MappedFile;
+use runtime::quant::BlockType;
+use safetensors::{Dtype, SafeTensors};
+
+pub const FILE_NAME: &str = "blocks.safetensors";
+
+/// One projection's blocks in the file.
+#[derive(Debug, Clone)]
+pub struct BlockTensor {
+    pub ty: BlockType,
+    /// `[d_out, row bytes]`.
+    pub shape: [usize; 2],
+    range: Range<usize>,
+}
+
+/// An open blocks.safetensors, its header checked.
+pub struct BlocksFile {
+    file: MappedFile,
+    /// By Hugging Face name.
+    pub tensors: BTreeMap<String, BlockTensor>,
+}
+
+impl BlocksFile {
+    /// The blocks file of the checkpoint in `dir`, if it has one. Every tensor must be U8
+    /// rows of whole blocks of a type named in the metadata, and every type a tensor's.
+    pub fn open(dir: &Path) -> Result<Option<Self>> {
+        let path = dir.join(FILE_NAME);
+        if !path.exists() {
+            return Ok(None);
+        }
+        let file = MappedFile::open(&path)?;
+        let tensors =
+            read_header(file.bytes()).with_context(|| format!("{}: not valid", path.display()))?;
+        Ok(Some(Self { file, tensors }))
+    }
+
+    /// The blocks of `tensor`, over the map.
+    pub fn bytes(&self, tensor: &BlockTensor) -> &[u8] {
+        &self.file.bytes()[tensor.range.clone()]
+    }
+}
+
+/// The metadata naming each tensor's type, as [`read_header`] reads it.
+pub fn metadata<'a>(
+    types: impl IntoIterator<Item = (&'a str, BlockType)>,
+) -> HashMap<String, String> {
+    (types.into_iter())
+        .map(|(name, ty)| (name.to_string(), ty.name().to_string()))
+        .collect()
+}
+
+/// The tensors of a blocks file `bytes`, checked.
+pub fn read_header(bytes: &[u8]) -> Result<BTreeMap<String, BlockTensor>> {
+    let (header_len, metadata) = SafeTensors::read_metadata(bytes)?;
+    let data_start = 8 + header_len;
+    let types = metadata.metadata().clone().unwrap_or_default();
+    let mut tensors = BTreeMap::new();
+    for (name, info) in metadata.tensors() {
+        let Some(type_name) = types.get(&name) else {
+            bail!("tensor {name} has no ggml type in the metadata");
+        };
+        let Some(ty) = BlockType::ALL.into_iter().find(|t| t.name() == type_name) else {
+            let kept: Vec<&str> = BlockType::ALL.iter().map(|t| t.name()).collect();
+            bail!(
+                "tensor {name} has ggml type {type_name:?}, not one kept as blocks ({})",
+                kept.join(", ")
+            );
+        };
+        let &[rows, row_bytes] = info.shape.as_slice() else {
+            bail!(
+                "tensor {name} has shape {:?}, not [rows, row bytes]",
+                info.shape
+            );
+        };
+        if info.dtype != Dtype::U8 || !row_bytes.is_multiple_of(ty.bytes()) {
+            bail!(
+                "tensor {name} is {:?} rows of {row_bytes}, not bytes of whole {ty} blocks ({} bytes each)",
+                info.dtype,
+                ty.bytes()
+            );
+        }
+        let (start, end) = info.data_offsets;
+        let tensor = BlockTensor {
+            ty,
+            shape: [rows, row_bytes],
+            range: data_start + start..data_start + end,
+        };
+        tensors.insert(name, tensor);
+    }
+    if let Some(name) = types.keys().find(|name| !tensors.contains_key(*name)) {
+        bail!("the metadata gives a type for {name}, which is not a tensor of the file");
+    }
+    Ok(tensors)
+}

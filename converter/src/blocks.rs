@@ -29,6 +29,13 @@ pub struct BlockTensor {
     range: Range<usize>,
 }
 
+impl BlockTensor {
+    /// Where its blocks lie in the file.
+    pub fn range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+}
+
 /// An open blocks.safetensors, its header checked.
 pub struct BlocksFile {
     file: MappedFile,

@@ -17,10 +17,12 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Import a llama.cpp GGUF file as a Hugging Face checkpoint (bf16 model.safetensors,
-    /// config.json, tokenizer.json, tokenizer_config.json, generation_config.json).
+    /// Import a llama.cpp GGUF file as a Hugging Face checkpoint (model.safetensors,
+    /// config.json, tokenizer.json, tokenizer_config.json, generation_config.json): bf16,
+    /// or, when projections are Q8_0, Q4_0, Q5_0, Q4_K or Q6_K, f32 with those blocks
+    /// beside it in blocks.safetensors, which `convert` keeps in weights.bin.
     ImportGguf {
-        /// The .gguf file (F32, F16, BF16, Q8_0, Q4_0 or Q4_1 tensors).
+        /// The .gguf file (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K to Q6_K tensors).
         gguf: PathBuf,
         /// The checkpoint directory to write (replaced as a whole).
         out_dir: PathBuf,

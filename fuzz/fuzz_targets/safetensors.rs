@@ -1,10 +1,17 @@
-//! A safetensors file as `convert` reads it: header, then every tensor widened to f32.
+//! A safetensors file as `convert` reads it: header, then every tensor widened to f32; and
+//! as a blocks.safetensors (`converter::blocks::read_header`: each tensor's ggml type from
+//! the metadata, rows of whole blocks), every tensor's blocks scanned for bad scales.
 #![no_main]
 
 use converter::checkpoint::{read_header, write_tensor};
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
+    if let Ok(tensors) = converter::blocks::read_header(data) {
+        for tensor in tensors.values() {
+            let _ = tensor.ty.first_bad_scale(&data[tensor.range()]);
+        }
+    }
     let Ok(tensors) = read_header(data, 0) else {
         return;
     };

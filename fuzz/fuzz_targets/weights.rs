@@ -1,6 +1,7 @@
 //! weights.bin as the runtime reads it: `WeightsFile::open` takes any bytes to a file or
-//! one error; a file that opens is checked against a one-layer model as loading checks it,
-//! and one that passes loads with each `Weights` without a panic.
+//! one error (every block entry's shape, byte count and scales included); a file that
+//! opens is checked against two one-layer models as loading checks it, and one that passes
+//! loads with each `Weights` without a panic (blocks kept, decoded, or quantized again).
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
@@ -8,6 +9,7 @@ use runtime::FlexBackend;
 use runtime::config::LlamaConfig;
 use runtime::load::{Source, Weights, check_laid_out, load_into};
 use runtime::params::params;
+use runtime::quant::BlockType;
 use runtime::weights_file::WeightsFile;
 
 fuzz_target!(|data: &[u8]| {
@@ -18,13 +20,27 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     let _ = file.check_record(0, "");
-    // The seed's model (fuzz/seeds/weights/tiny.bin): one layer, so that a whole file
-    // (a page per tensor) fits the 64 KiB inputs.
-    let config = LlamaConfig::plain([8, 16, 1], [2, 1, 4], 10, 16);
+    // The seeds' models (fuzz/seeds/weights/): one layer each, so that a whole file (a
+    // page per tensor) fits the 64 KiB inputs. tiny.bin: f32 and bf16; blocks.bin: inputs
+    // of 32, projections as Q8_0, Q4_0 and Q5_0 blocks (written by the runtime's
+    // `write_the_fuzz_seed`).
+    let configs = [
+        LlamaConfig::plain([8, 16, 1], [2, 1, 4], 10, 16),
+        LlamaConfig::plain([32, 32, 1], [2, 1, 16], 10, 16),
+    ];
     let device = Default::default();
-    let declared = params(&config.init::<FlexBackend>(&device));
-    if check_laid_out(&file, &declared, false).is_ok() {
-        for weights in [Weights::Auto, Weights::F32, Weights::Bf16] {
+    for config in configs {
+        let declared = params(&config.init::<FlexBackend>(&device));
+        if check_laid_out(&file, &declared, false).is_err() {
+            continue;
+        }
+        for weights in [
+            Weights::Auto,
+            Weights::F32,
+            Weights::Bf16,
+            Weights::Blocks(BlockType::Q8_0),
+            Weights::Blocks(BlockType::Q4_0),
+        ] {
             let model = config.init::<FlexBackend>(&device);
             load_into(Source::LaidOut(&file), model, false, weights, &device)
                 .expect("a file that passes the checks loads");

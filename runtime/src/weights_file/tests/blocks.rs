@@ -52,6 +52,7 @@ fn random_blocks(ty: BlockType, rows: usize, d_in: usize, seed: u64) -> Vec<u8> 
 /// and keeps the blocks (rows of outputs, as the weights file stores them).
 struct IntoBlocks {
     path: FieldPath,
+    type_of: fn(&str) -> BlockType,
     blocks: HashMap<String, (BlockType, Vec<u8>)>,
 }
 
@@ -70,7 +71,7 @@ impl<B: Backend> ModuleMapper<B> for IntoBlocks {
             &[d_in, d_out] if self.path.owner() == "Linear" => [d_in, d_out],
             _ => return param,
         };
-        let ty = type_of(&path);
+        let ty = (self.type_of)(&path);
         let blocks = random_blocks(ty, d_out, d_in, self.blocks.len() as u64);
         let mut rows = vec![0.0f32; d_in * d_out];
         ty.decode(&blocks, &mut rows);
@@ -97,10 +98,20 @@ fn stored(blocks: &Blocks) -> HashMap<String, StoredBlocks<'_>> {
 /// The record of a random model of [`block_config`] whose projections are blocks' values
 /// (written in `dir`), the blocks, and the record's length.
 fn block_model(dir: &Path) -> (Record, Blocks, u64) {
+    block_model_of(dir, &block_config(), type_of)
+}
+
+/// [`block_model`] of `config`, each projection's type `type_of` its path.
+fn block_model_of(
+    dir: &Path,
+    config: &LlamaConfig,
+    type_of: fn(&str) -> BlockType,
+) -> (Record, Blocks, u64) {
     let device = Default::default();
-    let model = block_config().init::<B>(&device).map(&mut Randomize(11));
+    let model = config.init::<B>(&device).map(&mut Randomize(11));
     let mut into_blocks = IntoBlocks {
         path: FieldPath::default(),
+        type_of,
         blocks: HashMap::new(),
     };
     let model = model.map(&mut into_blocks);
@@ -432,4 +443,33 @@ fn every_block_corruption_is_refused_with_its_error() {
         let error = check(&bytes).unwrap_err();
         assert!(error.contains(expected), "{error:?} lacks {expected:?}");
     }
+}
+
+/// Writes fuzz/seeds/weights/blocks.bin: the fuzz target's block model (one layer, inputs
+/// of 32: the 32-value types, Q8_0, Q4_0, Q5_0), small enough for its 64 KiB inputs. A
+/// generator, not a check: run by hand when the format changes.
+#[test]
+#[ignore = "writes a fuzz seed; run by hand"]
+fn write_the_fuzz_seed() {
+    let config = LlamaConfig::plain([32, 32, 1], [2, 1, 16], 10, 16);
+    let type_of = |path: &str| match path.rsplit('.').nth(1) {
+        Some("k_proj" | "gate_proj") => BlockType::Q4_0,
+        Some("v_proj" | "down_proj") => BlockType::Q5_0,
+        _ => BlockType::Q8_0,
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let (record, blocks, record_bytes) = block_model_of(dir.path(), &config, type_of);
+    let id = RecordId {
+        bytes: record_bytes,
+        sha256: SHA256.into(),
+    };
+    let declared = params(&config.init::<B>(&Default::default()));
+    let mut bytes = Vec::new();
+    write(&record, id, &declared, false, &stored(&blocks), &mut bytes).unwrap();
+    assert!(bytes.len() <= 64 << 10, "{} bytes", bytes.len());
+    let seed = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/../fuzz/seeds/weights/blocks.bin"
+    );
+    std::fs::write(seed, bytes).unwrap();
 }

@@ -202,8 +202,9 @@ const CASES: &[Case] = &[
         setup: |d| gguf_case(d, tiny_gguf_with("gemma2", "gpt2", "smollm").build()),
     },
     Case {
-        name: "gguf: Llama 3.1 RoPE scaling as frequency factors",
-        expected: "unsupported GGUF tensor rope_freqs.weight",
+        // Two factors, 1 and 8, none between: which Llama 3 scaling they are is not fixed.
+        name: "gguf: RoPE frequency factors that fix no Llama 3 scaling",
+        expected: "unsupported GGUF tensor rope_freqs.weight (RoPE scaling as frequency factors): convert the Hugging Face checkpoint instead: no factor lies between 1 and 8",
         setup: |d| {
             let factors: Vec<u8> = [1.0f32, 8.0].iter().flat_map(|f| f.to_le_bytes()).collect();
             let gguf = tiny_gguf().tensor("rope_freqs.weight", &[2], 0, &factors);

@@ -38,13 +38,6 @@ mod tokenizer;
 pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
     let gguf = Gguf::open(gguf_path)?;
     let hp = Hyperparams::read(&gguf)?;
-    // convert_hf_to_gguf.py writes Llama 3.1's RoPE scaling as per-frequency factors, not
-    // the parameters config.json needs.
-    ensure!(
-        !gguf.tensors.iter().any(|t| t.name == "rope_freqs.weight"),
-        "unsupported GGUF tensor rope_freqs.weight (Llama 3.1+ RoPE scaling as frequency \
-         factors): convert the Hugging Face checkpoint instead"
-    );
     // Checked before anything is written.
     let tok = TokenizerSpec::read(&gguf)?;
     let tokenizer_json = tok.tokenizer_json()?;
@@ -58,7 +51,8 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
     let staging = Staging::create(staging_dir, &[gguf_path])?;
 
     let mut tensors = Vec::with_capacity(gguf.tensors.len());
-    for info in &gguf.tensors {
+    // Llama 3.1's RoPE scaling, read into config.json's parameters (`Hyperparams`).
+    for info in gguf.tensors.iter().filter(|t| t.name != config::ROPE_FREQS) {
         let hf_name =
             hf_name(&info.name).with_context(|| format!("unmapped GGUF tensor {}", info.name))?;
         if info.ggml_type.block().is_none() {

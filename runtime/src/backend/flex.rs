@@ -69,7 +69,9 @@ impl KernelBackend for FlexBackend {
         [d_in, d_out]: [usize; 2],
         _device: &Self::Device,
     ) -> Tensor<Self, 2> {
-        Tensor::from_primitive(TensorPrimitive::Float(blocks_tensor(ty, bytes, d_in, d_out)))
+        Tensor::from_primitive(TensorPrimitive::Float(blocks_tensor(
+            ty, bytes, d_in, d_out,
+        )))
     }
 
     /// Keeps the pool's other threads spinning for the token: see `kernels::team`.
@@ -404,7 +406,11 @@ fn matvec_rows(weight: &FlexTensor) -> Option<Rows<'_>> {
 /// [`matvec_rows`].
 fn blocks_tensor(ty: BlockType, bytes: Bytes, d_in: usize, d_out: usize) -> FlexTensor {
     let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
-    assert_eq!(bytes.len(), row_bytes * d_out, "{ty} blocks of {d_out} rows");
+    assert_eq!(
+        bytes.len(),
+        row_bytes * d_out,
+        "{ty} blocks of {d_out} rows"
+    );
     let dtype = if ty.values() == 32 {
         DType::U8
     } else {
@@ -415,7 +421,12 @@ fn blocks_tensor(ty: BlockType, bytes: Bytes, d_in: usize, d_out: usize) -> Flex
 }
 
 /// The rows of a weight made by [`blocks_tensor`].
-fn blocks_rows(weight: &FlexTensor, d_in: usize, d_out: usize, row_bytes: usize) -> Option<Rows<'_>> {
+fn blocks_rows(
+    weight: &FlexTensor,
+    d_in: usize,
+    d_out: usize,
+    row_bytes: usize,
+) -> Option<Rows<'_>> {
     let values = match weight.dtype() {
         DType::U8 => 32,
         DType::I8 => 256,

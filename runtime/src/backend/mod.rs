@@ -12,9 +12,9 @@ use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
 
 use crate::NdArrayBackend;
-use crate::quant::BlockType;
 pub use crate::kernels::attention::Heads;
 pub use crate::kernels::layer::{LayerShape, LayerWeights, Projection};
+use crate::quant::BlockType;
 use crate::rope::RopeRows;
 
 /// A decoder layer's tensors: norm weights and biases `[d]`, projection weights

@@ -165,9 +165,10 @@ fn write_weights(
     Ok(())
 }
 
-/// The blocks of `file` by the record field path of the projection each is (`declared`, the
-/// model's parameters; a tied lm_head is not stored, so it has none), each of the shape
-/// its projection needs: `[d_out, row bytes]` of `d_in` values a row.
+/// The blocks of `file` by the record field path of the matrix each is (`declared`, the
+/// model's parameters: a projection, or the embedding; a tied lm_head is not stored, so it
+/// has none), each of the shape its matrix needs: `[d_out, row bytes]` of `d_in` values a
+/// row (`[vocab, row bytes]` of `hidden` for the embedding).
 fn kept_blocks<'a>(
     file: &'a BlocksFile,
     declared: &[ParamInfo],
@@ -175,9 +176,13 @@ fn kept_blocks<'a>(
 ) -> Result<HashMap<String, StoredBlocks<'a>>> {
     let mut kept = HashMap::new();
     for param in declared {
-        let Some((hf_name, Transform::Transpose)) = names::to_hf(param) else {
+        let Some((hf_name, transform)) = names::to_hf(param) else {
             continue;
         };
+        let embedding = param.owner == "Embedding";
+        if transform != Transform::Transpose && !embedding {
+            continue;
+        }
         let Some(tensor) = file.tensors.get(&hf_name) else {
             continue;
         };
@@ -186,8 +191,11 @@ fn kept_blocks<'a>(
             "{}: {hf_name} is given as blocks, but config.json ties it to the embedding",
             blocks::FILE_NAME
         );
-        let &[d_in, d_out] = param.shape.as_slice() else {
-            bail!("projection {} is not a matrix", param.path);
+        // Rows of blocks: a projection's outputs, or the embedding's tokens.
+        let (d_in, d_out) = match (param.shape.as_slice(), embedding) {
+            (&[vocab, hidden], true) => (hidden, vocab),
+            (&[d_in, d_out], false) => (d_in, d_out),
+            _ => bail!("{} is not a matrix", param.path),
         };
         let ty = tensor.ty;
         let row_bytes = ty.row_bytes(d_in);
@@ -204,14 +212,15 @@ fn kept_blocks<'a>(
         let bytes = file.bytes(tensor);
         kept.insert(param.path.clone(), StoredBlocks { ty, bytes });
     }
-    let projection = |name: &&String| {
-        (declared.iter()).any(|p| names::to_hf(p) == Some(((*name).clone(), Transform::Transpose)))
+    let matrix = |name: &&String| {
+        (declared.iter()).any(|p| {
+            names::to_hf(p).is_some_and(|(hf_name, transform)| {
+                hf_name == **name && (transform == Transform::Transpose || p.owner == "Embedding")
+            })
+        })
     };
-    if let Some(name) = file.tensors.keys().find(|name| !projection(name)) {
-        bail!(
-            "{}: {name} is not a projection of the model",
-            blocks::FILE_NAME
-        );
+    if let Some(name) = file.tensors.keys().find(|name| !matrix(name)) {
+        bail!("{}: {name} is not a matrix of the model", blocks::FILE_NAME);
     }
     Ok(kept)
 }

@@ -145,6 +145,16 @@ impl Layout {
         }
     }
 
+    /// `(values per row, rows)` of a matrix as laid out, each row one output's inputs (a
+    /// projection's `(d_in, d_out)`) or one token's embedding (`(hidden, vocab)`): what may
+    /// be kept as rows of ggml blocks.
+    pub fn block_rows(&self) -> Option<(usize, usize)> {
+        match self.shape.as_slice() {
+            &[rows, per_row] if self.matrix => Some((per_row, rows)),
+            _ => None,
+        }
+    }
+
     /// What `weights` keeps these values (little-endian f32 bytes) as.
     pub fn form(&self, f32_bytes: &[u8], weights: Weights) -> Form {
         if let Weights::Blocks(ty) = weights {

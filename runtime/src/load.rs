@@ -104,9 +104,9 @@ pub fn check_laid_out(file: &WeightsFile, params: &[ParamInfo], tied: bool) -> R
     for param in declared {
         let entry = file.entry(&param.path).ok_or("checked: the same set")?;
         let layout = Layout::of(&param.owner, &param.shape);
-        if let (Dtype::Blocks(ty), None) = (entry.dtype, layout.linear) {
+        if let (Dtype::Blocks(ty), None) = (entry.dtype, layout.block_rows()) {
             return Err(format!(
-                "{} is stored as {ty} blocks; only projections can be",
+                "{} is stored as {ty} blocks; only matrices can be",
                 param.path
             ));
         }
@@ -189,8 +189,8 @@ struct Loader<'a, B: Backend> {
     kept: Kept,
     device: B::Device,
     path: FieldPath,
-    /// The embedding, `[vocab, hidden]`, for a tied lm_head.
-    embedding: Option<TensorPrimitive<B>>,
+    /// The embedding, `[vocab, hidden]`, for a tied lm_head, and whether it is kept as blocks.
+    embedding: Option<(TensorPrimitive<B>, bool)>,
     /// `ModuleMapper` can't return errors: the first one is kept here.
     error: Option<String>,
 }
@@ -236,9 +236,27 @@ impl<B: KernelBackend> Loader<'_, B> {
             }
         };
         self.kept.count(&layout, form);
-        if let (Form::Blocks(ty), Some((d_in, d_out))) = (form, layout.linear) {
-            self.kept.block_bytes += data.bytes.len();
-            let tensor = B::blocks_matrix(ty, data.bytes, [d_in, d_out], &self.device);
+        if let Form::Blocks(ty) = form {
+            let bytes = data.bytes.len();
+            let tensor = match (layout.linear, layout.shape.as_slice()) {
+                (Some((d_in, d_out)), _) => {
+                    self.kept.block_bytes += bytes;
+                    B::blocks_matrix(ty, data.bytes, [d_in, d_out], &self.device)
+                }
+                // The embedding, `[vocab, hidden]`: kept in the orientation of the lm_head it
+                // may also be (rows of hidden), seen transposed; its rows looked up by
+                // `KernelBackend::embed`.
+                (None, &[vocab, hidden]) => {
+                    if self.tied {
+                        self.kept.block_bytes += bytes;
+                    }
+                    let tensor = B::blocks_matrix(ty, data.bytes, [hidden, vocab], &self.device);
+                    let tensor = tensor.transpose();
+                    self.embedding = Some((tensor.clone().into_primitive(), true));
+                    tensor
+                }
+                _ => return Err(format!("{path} is kept as {ty} blocks but is not a matrix")),
+            };
             return Ok((id, Tensor::from_primitive(tensor.into_primitive())));
         }
         let options = TensorCreationOptions::new(self.device.clone()).with_dtype(form.dtype());
@@ -248,17 +266,20 @@ impl<B: KernelBackend> Loader<'_, B> {
             None => tensor,
         };
         if path == "embed_tokens.weight" {
-            self.embedding = Some(tensor.clone().into_primitive());
+            self.embedding = Some((tensor.clone().into_primitive(), false));
         }
         Ok((id, tensor))
     }
 
-    /// A tied lm_head: the embedding seen transposed, `[hidden, vocab]`; or, where
-    /// projections are kept as blocks, the embedding's rows quantized.
+    /// A tied lm_head: the embedding seen transposed, `[hidden, vocab]` (its blocks, where the
+    /// embedding is kept as blocks); or, where projections are quantized at load, the
+    /// embedding's rows quantized.
     fn tied_lm_head<const D: usize>(&mut self, layout: &Layout) -> Result<Tensor<B, D>, String> {
-        let embedding = (self.embedding.clone()).ok_or("lm_head comes before the embedding")?;
+        let (embedding, blocks) =
+            (self.embedding.clone()).ok_or("lm_head comes before the embedding")?;
         let embedding = Tensor::<B, 2>::from_primitive(embedding);
-        if let (Weights::Blocks(ty), Some((d_in, d_out))) = (self.weights, layout.linear)
+        if let (Weights::Blocks(ty), Some((d_in, d_out)), false) =
+            (self.weights, layout.linear, blocks)
             && ty.row_bytes(d_in).is_some()
         {
             let rows = embedding.into_data();

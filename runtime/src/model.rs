@@ -156,7 +156,7 @@ impl<B: KernelBackend> Llama<B> {
         cache.check_room(batch, seq)?;
         let rope = cache.rope_rows(seq);
         // [batch, seq, hidden]; rows of a bf16 embedding widen exactly.
-        let mut x = self.embed_tokens.forward(tokens).cast(FloatDType::F32);
+        let mut x = B::embed(self.embed_tokens.weight.val(), tokens).cast(FloatDType::F32);
         for (layer, cache) in self.layers.iter().zip(cache.layers_mut()) {
             x = layer.forward(x, cache, &rope)?;
         }
@@ -200,7 +200,7 @@ impl<B: KernelBackend> Llama<B> {
         }
         B::decode_token(|| {
             let ropes: Vec<RopeRows<B>> = caches.iter().map(|cache| cache.rope_rows(1)).collect();
-            let mut x = self.embed_tokens.forward(tokens).cast(FloatDType::F32);
+            let mut x = B::embed(self.embed_tokens.weight.val(), tokens).cast(FloatDType::F32);
             let mut layers: Vec<_> = caches.iter_mut().map(|c| c.layers_mut()).collect();
             for layer in &self.layers {
                 let mut caches: Vec<&mut LayerCache<B>> = (layers.iter_mut())

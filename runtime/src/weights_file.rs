@@ -509,9 +509,9 @@ fn check_blocks(
     f32_bytes: &[u8],
 ) -> Result<(), String> {
     let ty = given.ty;
-    let Some((d_in, d_out)) = layout.linear else {
+    let Some((d_in, d_out)) = layout.block_rows() else {
         return Err(format!(
-            "{ty} blocks are given for {path}, which is not a projection"
+            "{ty} blocks are given for {path}, which is not a matrix"
         ));
     };
     let row_bytes = ty.row_bytes(d_in).ok_or_else(|| {

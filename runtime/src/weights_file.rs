@@ -8,7 +8,7 @@
 //! them as blocks, over the map.
 //!
 //! The format, little-endian:
-//! - a 24-byte header: the magic `RTWEIGHT`, the version (u32), zero (u32), the length of
+//! - a 24-byte header: the magic `RTWEIGHT`, the version (u32: 1 without blocks, 2 with), zero (u32), the length of
 //!   the index (u64);
 //! - the index, JSON ([`Index`]): the record it was laid out from (its length and sha256)
 //!   and, per tensor, its record field path, dtype ([`Dtype`]: `f32`, `bf16`, or a block
@@ -44,6 +44,10 @@ pub const MAGIC: [u8; 8] = *b"RTWEIGHT";
 /// the block types; a version 1 file is a version 2 file without them, and is read.
 pub const VERSION: u32 = 2;
 const OLDEST_READ: u32 = 1;
+/// The version a file without blocks is written as: the lowest that holds its tensors, so a
+/// model with none converts to the bytes it always did (its manifest unchanged) and older
+/// runtimes read it.
+const WITHOUT_BLOCKS: u32 = 1;
 const HEADER: usize = 24;
 /// Where each tensor starts: a page, so a tensor's bytes over the map are aligned for any
 /// element type and vector load, and the pages of one tensor are none of another's.
@@ -321,6 +325,13 @@ fn parse(file: &[u8]) -> Result<(Index, usize), String> {
                 entry.shape.len()
             ));
         }
+        if let Dtype::Blocks(ty) = entry.dtype
+            && version <= WITHOUT_BLOCKS
+        {
+            return Err(format!(
+                "{path} is stored as {ty} blocks, which a version {version} file cannot hold"
+            ));
+        }
         if entry.dtype != Dtype::F32 && entry.shape.len() != 2 {
             return Err(format!("{path} is a vector stored as {}", entry.dtype));
         }
@@ -460,15 +471,23 @@ pub fn write(
         });
         forms.push((layout, form));
     }
-    let index = serde_json::to_vec(&Index {
+    let index = Index {
         record: record_id,
         tensors,
-    })
-    .expect("an index always serializes");
+    };
     let io = |e: std::io::Error| format!("cannot write the weights file: {e}");
     out.write_all(&MAGIC).map_err(io)?;
-    out.write_all(&VERSION.to_le_bytes()).map_err(io)?;
+    let version = match index
+        .tensors
+        .iter()
+        .any(|t| matches!(t.dtype, Dtype::Blocks(_)))
+    {
+        true => VERSION,
+        false => WITHOUT_BLOCKS,
+    };
+    out.write_all(&version.to_le_bytes()).map_err(io)?;
     out.write_all(&0u32.to_le_bytes()).map_err(io)?;
+    let index = serde_json::to_vec(&index).expect("an index always serializes");
     out.write_all(&(index.len() as u64).to_le_bytes())
         .map_err(io)?;
     out.write_all(&index).map_err(io)?;

@@ -440,6 +440,15 @@ fn every_block_corruption_is_refused_with_its_error() {
         let error = check(&bytes).unwrap_err();
         assert!(error.contains(expected), "{error:?} lacks {expected:?}");
     }
+    // A file with blocks is version 2; the same bytes claiming version 1 are refused.
+    assert_eq!(good[8..12], 2u32.to_le_bytes());
+    let mut as_version_1 = good.clone();
+    as_version_1[8..12].copy_from_slice(&1u32.to_le_bytes());
+    let error = check(&as_version_1).unwrap_err();
+    assert!(
+        error.contains("blocks, which a version 1 file cannot hold"),
+        "{error:?}"
+    );
     // A matrix may be stored as blocks, the embedding too (a quantized GGUF's token_embd,
     // which a tied lm_head multiplies by): the model's check accepts it.
     assert_eq!(check(&embedding_as_blocks), Ok(()));

@@ -6,6 +6,7 @@
 
 use anyhow::{Result, bail, ensure};
 use half::f16;
+use runtime::quant::{BlockType, scale_min_k4};
 
 /// Values per super-block of the K-quants.
 const QK_K: usize = 256;
@@ -133,6 +134,15 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>> 
     // Capacity bounded by the bytes present, whatever `numel` claims.
     let blocks = bytes.len() / block_bytes as usize;
     let mut out = Vec::with_capacity(numel.min(blocks * block_values as usize));
+    // The types the runtime keeps in memory decode with its own code: one definition of
+    // their values for the record and the kernels.
+    if let Some(kept) = BlockType::ALL
+        .into_iter()
+        .find(|kept| kept.name() == ty.name())
+    {
+        out.resize(blocks * block_values as usize, 0.0);
+        kept.decode(&bytes[..blocks * block_bytes as usize], &mut out);
+    }
     let chunks = bytes.chunks_exact(block_bytes as usize);
     match ty {
         GgmlType::F32 => out.extend(chunks.map(|c| f32::from_le_bytes(c.try_into().unwrap()))),
@@ -140,16 +150,12 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>> 
         GgmlType::Bf16 => {
             out.extend(chunks.map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()))
         }
-        GgmlType::Q8_0 => chunks.for_each(|b| q8_0(b, &mut out)),
-        GgmlType::Q4_0 => chunks.for_each(|b| q4_0(b, &mut out)),
         GgmlType::Q4_1 => chunks.for_each(|b| q4_1(b, &mut out)),
-        GgmlType::Q5_0 => chunks.for_each(|b| q5_0(b, &mut out)),
         GgmlType::Q5_1 => chunks.for_each(|b| q5_1(b, &mut out)),
         GgmlType::Q2K => chunks.for_each(|b| q2_k(b, &mut out)),
         GgmlType::Q3K => chunks.for_each(|b| q3_k(b, &mut out)),
-        GgmlType::Q4K => chunks.for_each(|b| q4_k(b, &mut out)),
         GgmlType::Q5K => chunks.for_each(|b| q5_k(b, &mut out)),
-        GgmlType::Q6K => chunks.for_each(|b| q6_k(b, &mut out)),
+        GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q5_0 | GgmlType::Q4K | GgmlType::Q6K => {}
         GgmlType::Unsupported(..) => unreachable!("refused above"),
     }
     ensure!(
@@ -165,21 +171,6 @@ fn half_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 
-/// `d: f16, qs: [i8; 32]`: `q * d`.
-fn q8_0(block: &[u8], out: &mut Vec<f32>) {
-    let d = half_at(block, 0);
-    out.extend(block[2..].iter().map(|&q| f32::from(q as i8) * d));
-}
-
-/// `d: f16, qs: [u8; 16]`: low nibbles are elements 0..16, high nibbles 16..32;
-/// `d * (q - 8)`.
-fn q4_0(block: &[u8], out: &mut Vec<f32>) {
-    let d = half_at(block, 0);
-    let qs = &block[2..];
-    out.extend(qs.iter().map(|&q| d * ((q & 0x0f) as i32 - 8) as f32));
-    out.extend(qs.iter().map(|&q| d * ((q >> 4) as i32 - 8) as f32));
-}
-
 /// `d: f16, m: f16, qs: [u8; 16]`: `d * q + m`.
 fn q4_1(block: &[u8], out: &mut Vec<f32>) {
     let (d, m) = (half_at(block, 0), half_at(block, 2));
@@ -188,19 +179,13 @@ fn q4_1(block: &[u8], out: &mut Vec<f32>) {
     out.extend(qs.iter().map(|&q| d * (q >> 4) as f32 + m));
 }
 
-/// The 5-bit values of a Q5_0/Q5_1 block: 16 bytes of low nibbles (as Q4) and a u32 of
+/// The 5-bit values of a Q5_1 block (laid out as Q5_0's): 16 bytes of low nibbles (as Q4) and a u32 of
 /// fifth bits, bit `i` for element `i`.
 fn five_bits(qh: &[u8], qs: &[u8]) -> impl Iterator<Item = u8> {
     let qh = u32::from_le_bytes(qh.try_into().expect("4 bytes"));
     let low = (qs.iter().map(|q| q & 0x0f)).chain(qs.iter().map(|q| q >> 4));
     low.enumerate()
         .map(move |(i, low)| low | (((qh >> i) & 1) as u8) << 4)
-}
-
-/// `d: f16, qh: u32, qs: [u8; 16]`: `d * (q - 16)`.
-fn q5_0(block: &[u8], out: &mut Vec<f32>) {
-    let d = half_at(block, 0);
-    out.extend(five_bits(&block[2..6], &block[6..]).map(|q| d * (q as i8 - 16) as f32));
 }
 
 /// `d: f16, m: f16, qh: u32, qs: [u8; 16]`: `d * q + m`.
@@ -242,36 +227,8 @@ fn q3_k(block: &[u8], out: &mut Vec<f32>) {
     }));
 }
 
-/// Q4_K's and Q5_K's eight 6-bit scales and mins, packed in 12 bytes.
-fn scale_min_k4(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
-    let (d, m, md) = (&packed[..4], &packed[4..8], &packed[8..12]);
-    let scales = std::array::from_fn(|j| match j {
-        0..4 => d[j] & 0x3f,
-        _ => (md[j - 4] & 0x0f) | ((d[j - 4] >> 2) & 0x30),
-    });
-    let mins = std::array::from_fn(|j| match j {
-        0..4 => m[j] & 0x3f,
-        _ => (md[j - 4] >> 4) | ((m[j - 4] >> 2) & 0x30),
-    });
-    (scales, mins)
-}
-
-/// `d: f16, dmin: f16, scales: [u8; 12], qs: [u8; 128]`. Eight groups of 32; group `j` is
-/// `(d * scale_j) * q - dmin * min_j`; element `e`'s nibble is byte `e / 64 * 32 + e % 32`,
-/// high nibble when `e % 64 >= 32`.
-fn q4_k(block: &[u8], out: &mut Vec<f32>) {
-    let (d, dmin) = (half_at(block, 0), half_at(block, 2));
-    let (scales, mins) = scale_min_k4(&block[4..16]);
-    let qs = &block[16..];
-    out.extend((0..QK_K).map(|e| {
-        let q = (qs[e / 64 * 32 + e % 32] >> (4 * (e % 64 / 32))) & 0x0f;
-        let j = e / 32;
-        (d * scales[j] as f32) * q as f32 - dmin * mins[j] as f32
-    }));
-}
-
-/// `d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]`: Q4_K with a fifth
-/// bit, bit `e / 32` of `qh[e % 32]`.
+/// `d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]`: Q4_K
+/// (`runtime::quant`) with a fifth bit, bit `e / 32` of `qh[e % 32]`.
 fn q5_k(block: &[u8], out: &mut Vec<f32>) {
     let (d, dmin) = (half_at(block, 0), half_at(block, 2));
     let (scales, mins) = scale_min_k4(&block[4..16]);
@@ -281,21 +238,6 @@ fn q5_k(block: &[u8], out: &mut Vec<f32>) {
         let q = low | ((qh[e % 32] >> (e / 32)) & 1) << 4;
         let j = e / 32;
         (d * scales[j] as f32) * q as f32 - dmin * mins[j] as f32
-    }));
-}
-
-/// `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16], d: f16`. Sixteen groups of 16; element
-/// `e` is `(d * scales[e / 16]) * (q - 32)` with its low nibble in byte
-/// `e / 128 * 64 + e % 64` (high nibble when `e % 128 >= 64`) and its top 2 bits in byte
-/// `e / 128 * 32 + e % 32` at shift `2 * (e % 128 / 32)`.
-fn q6_k(block: &[u8], out: &mut Vec<f32>) {
-    let (ql, qh, scales) = (&block[..128], &block[128..192], &block[192..208]);
-    let d = half_at(block, 208);
-    out.extend((0..QK_K).map(|e| {
-        let low = (ql[e / 128 * 64 + e % 64] >> (4 * (e % 128 / 64))) & 0x0f;
-        let high = (qh[e / 128 * 32 + e % 32] >> (2 * (e % 128 / 32))) & 3;
-        let q = (low | high << 4) as i8 - 32;
-        (d * f32::from(scales[e / 16] as i8)) * q as f32
     }));
 }
 

@@ -679,12 +679,14 @@ fn block_bundles_of(
                 super::blocks::avx512::four(ty, rows.map(|j| row(j).as_ptr()), xs, d_in, &mut store)
             };
         }
-        let leftover = bundles.start.max(quarter)..bundles.end;
-        let mut decoded = vec![0.0; d_in];
-        for s in leftover {
+        // Rows past the quarters (at most three per product): decoded, then as f32 rows.
+        for s in bundles.start.max(quarter)..bundles.end {
             let j = 3 * quarter + s;
+            let mut decoded = DECODED.take();
+            decoded.resize(d_in, 0.0);
             ty.decode(row(j), &mut decoded);
             products.one(&decoded, j);
+            DECODED.set(decoded);
         }
         return;
     }

@@ -201,9 +201,9 @@ fn q5_0(block: &[u8], out: &mut [f32]) {
     }
 }
 
-/// Q4_K's eight 6-bit scales and mins, packed in 12 bytes.
+/// Q4_K's (and Q5_K's) eight 6-bit scales and mins, packed in 12 bytes.
 #[inline(always)]
-fn scale_min_k4(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
+pub fn scale_min_k4(packed: &[u8]) -> ([u8; 8], [u8; 8]) {
     let (d, m, md) = (&packed[..4], &packed[4..8], &packed[8..12]);
     let scales = std::array::from_fn(|j| match j {
         0..4 => d[j] & 0x3f,

@@ -16,7 +16,7 @@ mod common;
 use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
-use common::converter;
+use common::{converter, logits};
 use converter::gguf::Gguf;
 use converter::import::hf_name;
 use runtime::FlexBackend;
@@ -125,21 +125,6 @@ fn import_and_convert_keep_every_block_bit_for_bit() {
         assert!(names("source").contains(&"blocks.safetensors".to_string()));
         assert!(converter(&[&"verify", &out, &"--source", &hf]).success);
     }
-}
-
-/// Logits of a 40-token prompt at every position, then of 8 tokens decoded one at a time,
-/// as bits.
-fn logits(generator: &Generator<FlexBackend>) -> Vec<u32> {
-    let vocab = generator.config.vocab_size as u32;
-    let ids: Vec<u32> = (0..48).map(|i| (i * 37 + 5) % vocab).collect();
-    let mut cache = generator.new_cache(ids.len()).unwrap();
-    let mut all = generator
-        .forward_logits(&ids[..40], &mut cache, true)
-        .unwrap();
-    for &id in &ids[40..] {
-        all.extend(generator.forward_logits(&[id], &mut cache, false).unwrap());
-    }
-    all.into_iter().map(f32::to_bits).collect()
 }
 
 /// The artifact loaded with `Weights::Auto` computes on the GGUF's blocks (kept over the

@@ -6,9 +6,8 @@ mod common;
 
 use std::path::Path;
 
-use common::{converted_tiny, converter, drop_weights_file, write_json};
+use common::{converted_tiny, converter, drop_weights_file, logits, write_json};
 use runtime::artifact::{WEIGHTS_FILE, load_model};
-use runtime::backend::KernelBackend;
 use runtime::generate::Generator;
 use runtime::load::Weights;
 use runtime::{FlexBackend, NdArrayBackend};
@@ -36,21 +35,6 @@ fn edit_manifest(out: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     edit(&mut manifest);
     write_json(&path, &manifest);
-}
-
-/// Logits of a 40-token prompt at every position, then of 8 tokens decoded one at a time,
-/// as bits.
-fn logits<B: KernelBackend>(generator: &Generator<B>) -> Vec<u32> {
-    let vocab = generator.config.vocab_size as u32;
-    let ids: Vec<u32> = (0..48).map(|i| (i * 37 + 5) % vocab).collect();
-    let mut cache = generator.new_cache(ids.len()).unwrap();
-    let mut all = generator
-        .forward_logits(&ids[..40], &mut cache, true)
-        .unwrap();
-    for &id in &ids[40..] {
-        all.extend(generator.forward_logits(&[id], &mut cache, false).unwrap());
-    }
-    all.into_iter().map(f32::to_bits).collect()
 }
 
 /// Each fixture converted, loaded through weights.bin and, from a copy without it, through

@@ -351,3 +351,20 @@ pub fn tiny_gguf_metadata(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder
         .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
         .strings("tokenizer.ggml.merges", &["a b"])
 }
+
+/// Logits of a 40-token prompt at every position, then of 8 tokens decoded one at a time,
+/// as bits.
+pub fn logits<B: runtime::backend::KernelBackend>(
+    generator: &runtime::generate::Generator<B>,
+) -> Vec<u32> {
+    let vocab = generator.config.vocab_size as u32;
+    let ids: Vec<u32> = (0..48).map(|i| (i * 37 + 5) % vocab).collect();
+    let mut cache = generator.new_cache(ids.len()).unwrap();
+    let mut all = generator
+        .forward_logits(&ids[..40], &mut cache, true)
+        .unwrap();
+    for &id in &ids[40..] {
+        all.extend(generator.forward_logits(&[id], &mut cache, false).unwrap());
+    }
+    all.into_iter().map(f32::to_bits).collect()
+}

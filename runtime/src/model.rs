@@ -11,7 +11,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor};
 use rayon::prelude::*;
 
-use crate::backend::{Heads, KernelBackend, LayerShape, LayerTensors, Projection};
+use crate::backend::{Heads, KernelBackend, LayerShape, LayerTensors, Matmul, Projection};
 use crate::cache::{CacheError, KvCache, LayerCache};
 use crate::config::LlamaConfig;
 use crate::rope::RopeRows;
@@ -26,6 +26,9 @@ pub struct Llama<B: Backend> {
     pub norm: RmsNorm<B>,
     /// `weight: [hidden, vocab]`; a copy of `embed_tokens` for tied checkpoints.
     pub lm_head: Linear<B>,
+    /// How products over quantized weights take their inputs (not part of the record).
+    #[module(skip)]
+    pub matmul: Matmul,
 }
 
 /// One transformer block: pre-norm attention and pre-norm SwiGLU MLP, each with a residual.
@@ -108,6 +111,7 @@ impl LlamaConfig {
             layers,
             norm: norm(),
             lm_head: linear(hidden, self.vocab_size, false),
+            matmul: Matmul::default(),
         }
     }
 }
@@ -158,7 +162,7 @@ impl<B: KernelBackend> Llama<B> {
         // [batch, seq, hidden]; rows of a bf16 embedding widen exactly.
         let mut x = B::embed(self.embed_tokens.weight.val(), tokens).cast(FloatDType::F32);
         for (layer, cache) in self.layers.iter().zip(cache.layers_mut()) {
-            x = layer.forward(x, cache, &rope)?;
+            x = layer.forward(x, cache, &rope, self.matmul)?;
         }
         cache.advance(seq);
         Ok(rms_norm(&self.norm, x))
@@ -206,7 +210,7 @@ impl<B: KernelBackend> Llama<B> {
                 let mut caches: Vec<&mut LayerCache<B>> = (layers.iter_mut())
                     .map(|layers| layers.next().expect("a cache per layer"))
                     .collect();
-                x = layer.decode_each(x, &mut caches, &ropes)?;
+                x = layer.decode_each(x, &mut caches, &ropes, self.matmul)?;
             }
             drop(layers);
             caches.iter_mut().for_each(|cache| cache.advance(1));
@@ -216,7 +220,7 @@ impl<B: KernelBackend> Llama<B> {
 
     /// `[batch, seq, hidden]` → `[batch, seq, vocab]`
     pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        project(&self.lm_head, hidden)
+        project(&self.lm_head, hidden, self.matmul)
     }
 
     /// Re-lays every projection weight out in memory as `[d_out, d_in]` (each output's
@@ -265,10 +269,11 @@ impl<B: KernelBackend> DecoderLayer<B> {
         x: Tensor<B, 3>,
         cache: &mut LayerCache<B>,
         rope: &RopeRows<B>,
+        matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
         let [_, seq, _] = x.dims();
         if seq == 1 {
-            let shape = self.shape(cache.window());
+            let shape = self.shape(cache.window(), matmul);
             let fused = LayerCache::append_each(&mut [cache], |caches| {
                 B::decode_layer(
                     &x,
@@ -282,7 +287,7 @@ impl<B: KernelBackend> DecoderLayer<B> {
                 return Ok(out);
             }
         }
-        self.forward_composed(x, cache, rope)
+        self.forward_composed(x, cache, rope, matmul)
     }
 
     /// One token of each of several sequences, `x: [n, 1, hidden]`, row `b` after
@@ -293,9 +298,10 @@ impl<B: KernelBackend> DecoderLayer<B> {
         x: Tensor<B, 3>,
         caches: &mut [&mut LayerCache<B>],
         ropes: &[RopeRows<B>],
+        matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
         let window = caches.first().and_then(|cache| cache.window());
-        let shape = self.shape(window);
+        let shape = self.shape(window, matmul);
         let weights = self.weights();
         let fused = LayerCache::append_each(caches, |buffers| {
             B::decode_layer(&x, &weights, shape, buffers, ropes)
@@ -306,7 +312,12 @@ impl<B: KernelBackend> DecoderLayer<B> {
         let [n, _, hidden] = x.dims();
         let rows = (caches.iter_mut().zip(ropes).enumerate())
             .map(|(b, (cache, rope))| {
-                self.forward(x.clone().slice([b..b + 1, 0..1, 0..hidden]), cache, rope)
+                self.forward(
+                    x.clone().slice([b..b + 1, 0..1, 0..hidden]),
+                    cache,
+                    rope,
+                    matmul,
+                )
             })
             .collect::<Result<Vec<_>, _>>()?;
         debug_assert_eq!(rows.len(), n);
@@ -320,15 +331,12 @@ impl<B: KernelBackend> DecoderLayer<B> {
         x: Tensor<B, 3>,
         cache: &mut LayerCache<B>,
         rope: &RopeRows<B>,
+        matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
-        let attended =
-            self.self_attn
-                .forward(rms_norm(&self.input_layernorm, x.clone()), cache, rope)?;
-        let h = x + attended;
-        Ok(h.clone()
-            + self
-                .mlp
-                .forward(rms_norm(&self.post_attention_layernorm, h)))
+        let normed = rms_norm(&self.input_layernorm, x.clone());
+        let h = x + self.self_attn.forward(normed, cache, rope, matmul)?;
+        let normed = rms_norm(&self.post_attention_layernorm, h.clone());
+        Ok(h + self.mlp.forward(normed, matmul))
     }
 
     /// The layer's tensors as the backend's fused layer takes them.
@@ -352,11 +360,12 @@ impl<B: KernelBackend> DecoderLayer<B> {
     }
 
     /// What the fused layer needs besides weights; the sliding window is the cache's.
-    fn shape(&self, window: Option<usize>) -> LayerShape {
+    fn shape(&self, window: Option<usize>, matmul: Matmul) -> LayerShape {
         LayerShape {
             heads: self.self_attn.heads(),
             epsilon: self.input_layernorm.epsilon as f32,
             window,
+            matmul,
         }
     }
 }
@@ -379,23 +388,24 @@ impl<B: KernelBackend> Attention<B> {
         x: Tensor<B, 3>,
         cache: &mut LayerCache<B>,
         rope: &RopeRows<B>,
+        matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
         // Rotate while each projection is still one contiguous [batch, seq, heads * hd] block.
         // The score scale goes on q (1/8 for hd = 64, a power of two, so this is exact).
         let heads = self.heads();
-        let [q, k, v] = linears(x, [&self.q_proj, &self.k_proj, &self.v_proj]);
+        let [q, k, v] = linears(x, [&self.q_proj, &self.k_proj, &self.v_proj], matmul);
         let q = B::rotary(q, rope, heads.score_scale());
         let k = B::rotary(k, rope, 1.0);
         let (k, v) = cache.append(k, v)?; // [batch, start + seq, n_kv * hd]
         let attended = B::causal_attention(q, k, v, heads, cache.window());
-        Ok(project(&self.o_proj, attended))
+        Ok(project(&self.o_proj, attended, matmul))
     }
 }
 
 impl<B: KernelBackend> Mlp<B> {
-    fn forward(&self, x: Tensor<B, 3>) -> Tensor<B, 3> {
-        let [gate, up] = linears(x, [&self.gate_proj, &self.up_proj]);
-        project(&self.down_proj, B::silu_mul(gate, up))
+    fn forward(&self, x: Tensor<B, 3>, matmul: Matmul) -> Tensor<B, 3> {
+        let [gate, up] = linears(x, [&self.gate_proj, &self.up_proj], matmul);
+        project(&self.down_proj, B::silu_mul(gate, up), matmul)
     }
 }
 
@@ -406,8 +416,8 @@ fn rms_norm<B: KernelBackend>(norm: &RmsNorm<B>, x: Tensor<B, 3>) -> Tensor<B, 3
 
 /// `linear.forward(x)` through the backend's kernel (burn-flex: a threaded
 /// matrix-vector product for a single row).
-fn project<B: KernelBackend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3> {
-    let [out] = linears(x, [linear]);
+fn project<B: KernelBackend>(linear: &Linear<B>, x: Tensor<B, 3>, matmul: Matmul) -> Tensor<B, 3> {
+    let [out] = linears(x, [linear], matmul);
     out
 }
 
@@ -417,8 +427,9 @@ fn project<B: KernelBackend>(linear: &Linear<B>, x: Tensor<B, 3>) -> Tensor<B, 3
 fn linears<B: KernelBackend, const N: usize>(
     x: Tensor<B, 3>,
     linears: [&Linear<B>; N],
+    matmul: Matmul,
 ) -> [Tensor<B, 3>; N] {
-    let products = B::linear_forward(x, linears.map(|linear| linear.weight.val()));
+    let products = B::linear_forward(x, linears.map(|linear| linear.weight.val()), matmul);
     let mut outs = products
         .into_iter()
         .zip(linears)
@@ -503,7 +514,7 @@ mod tests {
                 let rope = fused_cache.rope_rows(1);
                 let fused_layer_cache = fused_cache.layers_mut().next().expect("one layer");
                 let composed_layer_cache = composed_cache.layers_mut().next().expect("one layer");
-                let shape = layer.shape(config.sliding_window);
+                let shape = layer.shape(config.sliding_window, Matmul::Exact);
                 // Both in the same pool: decode attention splits keys by the thread count.
                 let (fused, composed) = crate::in_thread_pool(Some(threads), || {
                     team::with_team(|| {
@@ -511,7 +522,8 @@ mod tests {
                             let ropes = std::slice::from_ref(&rope);
                             FlexBackend::decode_layer(&x, &layer.weights(), shape, caches, ropes)
                         });
-                        let composed = layer.forward_composed(x, composed_layer_cache, &rope);
+                        let composed =
+                            layer.forward_composed(x, composed_layer_cache, &rope, Matmul::Exact);
                         (fused, composed)
                     })
                 })

@@ -29,6 +29,7 @@
 use std::path::PathBuf;
 
 use half::f16;
+use runtime::kernels::int8::Matmul;
 use runtime::kernels::linear::linear_rows;
 use runtime::kernels::matvec::{Rows, matvecs};
 use runtime::kernels::team;
@@ -358,9 +359,9 @@ fn matvecs_equal_over_decoded_values(ty: BlockType, seed: u64) {
                     let run = |weights: &[Rows], xs: &[f32]| {
                         pool.install(|| {
                             if in_team {
-                                team::with_team(|| matvecs(weights, xs, d_in))
+                                team::with_team(|| matvecs(weights, xs, d_in, Matmul::Exact))
                             } else {
-                                matvecs(weights, xs, d_in)
+                                matvecs(weights, xs, d_in, Matmul::Exact)
                             }
                         })
                     };

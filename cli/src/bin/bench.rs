@@ -22,7 +22,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use cli::BackendKind;
-use runtime::backend::KernelBackend;
+use runtime::backend::{KernelBackend, Matmul};
 use runtime::cache::KvDtype;
 use runtime::generate::Generator;
 use runtime::load::Weights;
@@ -58,6 +58,9 @@ struct Cli {
     /// What the KV cache stores keys and values as (see `runtime --help`).
     #[arg(long, default_value = "f32")]
     kv_cache: KvDtype,
+    /// How products over quantized weights take their inputs (see `runtime --help`).
+    #[arg(long, default_value = "exact")]
+    matmul: Matmul,
     /// Prompt tokens in the KV cache before tg128 starts (llama-bench's `-d`).
     #[arg(long, default_value_t = 0)]
     depth: usize,
@@ -138,6 +141,7 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
     let mut generator =
         Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
     generator.kv_dtype = cli.kv_cache;
+    generator.model.matmul = cli.matmul;
     let mut samples = Vec::new();
     for &n in &cli.streams {
         // The prompts one after another, as `runtime serve` prefills them: each one's first
@@ -233,7 +237,8 @@ fn parent_streams(cli: &Cli) -> Result<()> {
             json_lines.push(serde_json::json!({
                 "engine": name, "threads": threads, "runs": cli.runs, "streams": n,
                 "aggregate_tok_s": total, "ttft_ms": ttft_ms, "weights": cli.weights.to_string(),
-                "kv_cache": cli.kv_cache.to_string(), "host": host,
+                "kv_cache": cli.kv_cache.to_string(), "matmul": cli.matmul.to_string(),
+                "host": host,
             }));
         }
     }
@@ -252,6 +257,7 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
     let mut generator =
         Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
     generator.kv_dtype = cli.kv_cache;
+    generator.model.matmul = cli.matmul;
     let load_s = started.elapsed().as_secs_f64();
     // Checked before any measuring, so a depth that cannot run fails at once.
     let depth = cli.depth;
@@ -405,9 +411,10 @@ fn parent(cli: &Cli) -> Result<()> {
         let shown = percent.map_or("-".to_string(), |p| format!("{p:.0}%"));
         // How our runs kept weights and cache; llama.cpp's are the GGUF's and its own.
         let ours = matches!(engine, Engine::Ours(_));
-        let (weights, kv_cache) = (
+        let (weights, kv_cache, matmul) = (
             ours.then(|| cli.weights.to_string()),
             ours.then(|| cli.kv_cache.to_string()),
+            ours.then(|| cli.matmul.to_string()),
         );
         println!(
             "| {name} | {threads} | {load:.2} | {pp128:.1} | {pp512:.1} | {tg128:.1} | {shown} | {rss:.0} |",
@@ -415,7 +422,7 @@ fn parent(cli: &Cli) -> Result<()> {
         json_lines.push(serde_json::json!({
             "engine": name, "threads": threads, "runs": cli.runs, "load_s": load,
             "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128, "depth": cli.depth,
-            "weights": weights, "kv_cache": kv_cache,
+            "weights": weights, "kv_cache": kv_cache, "matmul": matmul,
             "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth, "host": host,
             "tg_bound_tok_s": bound, "tg_percent_of_bound": percent,
         }));
@@ -466,6 +473,7 @@ fn child<T: serde::de::DeserializeOwned>(
         .args(["--threads", &threads.to_string()])
         .args(["--weights", &cli.weights.to_string()])
         .args(["--kv-cache", &cli.kv_cache.to_string()])
+        .args(["--matmul", &cli.matmul.to_string()])
         .args(extra)
         .output()?;
     if !out.status.success() {

@@ -14,7 +14,9 @@ use burn::tensor::{Bytes, DType, Int, Shape, Tensor, TensorData, TensorPrimitive
 use burn_flex::{FlexTensor, Layout};
 use rayon::prelude::*;
 
-use super::{Heads, KernelBackend, KvBuffers, KvDtype, LayerShape, LayerTensors, reference, take};
+use super::{
+    Heads, KernelBackend, KvBuffers, KvDtype, LayerShape, LayerTensors, Matmul, reference, take,
+};
 use crate::FlexBackend;
 use crate::kernels::attention::{CausalAttention, Matrix};
 use crate::kernels::layer::{self, KvSlot};
@@ -347,6 +349,7 @@ impl KernelBackend for FlexBackend {
     fn linear_forward<const N: usize>(
         x: Tensor<Self, 3>,
         weights: [Tensor<Self, 2>; N],
+        matmul: Matmul,
     ) -> [Tensor<Self, 3>; N] {
         let [batch, seq, _] = x.dims();
         let weights = weights.map(|weight| weight.into_primitive().tensor());
@@ -355,8 +358,11 @@ impl KernelBackend for FlexBackend {
             let x = flex(x).to_contiguous();
             let x: &[f32] = x.storage();
             let d_in = x.len() / (batch * seq).max(1);
+            // A prompt's products are exact whatever `matmul` says: an int8 product of 4-bit
+            // blocks takes two instructions per 64 multiply-adds (`vpmaddubsw`, `vpdpwssd`),
+            // as many as f32 FMAs, so rounding the inputs buys nothing there.
             let outs: Vec<Vec<f32>> = if batch * seq <= MATVEC_ROWS {
-                matvec::matvecs(&rows, x, d_in)
+                matvec::matvecs(&rows, x, d_in, matmul)
             } else {
                 rows.iter()
                     .map(|&w| linear::linear_rows(x, w, d_in))

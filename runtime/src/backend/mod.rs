@@ -13,6 +13,7 @@ use burn::tensor::{Int, Tensor};
 
 use crate::NdArrayBackend;
 pub use crate::kernels::attention::Heads;
+pub use crate::kernels::int8::Matmul;
 pub use crate::kernels::layer::{LayerShape, LayerWeights, Projection};
 use crate::quant::BlockType;
 use crate::rope::RopeRows;
@@ -149,10 +150,12 @@ pub trait KernelBackend: Backend {
 
     /// Bias-free linear layers of one input: `x: [batch, seq, d_in]` times each
     /// `weights[i]: [d_in, d_out_i]`. Taking the layers that share an input together (q, k,
-    /// v; gate, up) lets a backend split all their work across threads in one go.
+    /// v; gate, up) lets a backend split all their work across threads in one go. `matmul`
+    /// says how a product over blocks may take its input; by default they are all exact.
     fn linear_forward<const N: usize>(
         x: Tensor<Self, 3>,
         weights: [Tensor<Self, 2>; N],
+        _matmul: Matmul,
     ) -> [Tensor<Self, 3>; N] {
         weights.map(|weight| reference::linear(x.clone(), weight))
     }

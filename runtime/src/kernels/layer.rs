@@ -9,6 +9,7 @@
 //! bit-identical to it.
 
 use super::attention::{CausalAttention, Heads, Matrix};
+use super::int8::Matmul;
 use super::matvec::{Rows, matvecs};
 use super::simd::{self, Stored};
 
@@ -73,6 +74,8 @@ pub struct LayerShape {
     pub epsilon: f32,
     /// Attention's sliding window, if it has one (see [`CausalAttention::window`]).
     pub window: Option<usize>,
+    /// How the products over quantized weights take their inputs.
+    pub matmul: Matmul,
 }
 
 /// One layer's KV cache for one sequence: `keys` and `values` hold `capacity` positions of
@@ -103,6 +106,7 @@ pub fn decode_layer<S: Stored>(
         heads,
         epsilon,
         window,
+        matmul,
     } = shape;
     let w = weights;
     let hidden = w.input_layernorm.len();
@@ -110,7 +114,7 @@ pub fn decode_layer<S: Stored>(
 
     // Attention: pre-norm, q/k/v, RoPE (the score scale goes on q, as in the composed path).
     simd::rms_norm_rows(x, w.input_layernorm, epsilon, &mut normed);
-    let [mut q, mut k, v] = project([&w.q_proj, &w.k_proj, &w.v_proj], &normed, hidden);
+    let [mut q, mut k, v] = project([&w.q_proj, &w.k_proj, &w.v_proj], &normed, hidden, matmul);
     let (q_width, kv_width) = (q.len() / caches.len(), k.len() / caches.len());
     let mut attended = Vec::with_capacity(q.len());
     let rows = (q.chunks_exact_mut(q_width))
@@ -146,14 +150,19 @@ pub fn decode_layer<S: Stored>(
         attended.extend(out);
     }
     // Output projection, back into the residual stream.
-    let [o] = project([&w.o_proj], &attended, q_width);
+    let [o] = project([&w.o_proj], &attended, q_width, matmul);
     add(x, &o);
 
     // MLP: pre-norm, gate and up, SwiGLU, down, residual.
     simd::rms_norm_rows(x, w.post_attention_layernorm, epsilon, &mut normed);
-    let [mut gate, up] = project([&w.gate_proj, &w.up_proj], &normed, hidden);
+    let [mut gate, up] = project([&w.gate_proj, &w.up_proj], &normed, hidden, matmul);
     simd::silu_mul(&mut gate, &up);
-    let [down] = project([&w.down_proj], &gate, gate.len() / (x.len() / hidden));
+    let [down] = project(
+        [&w.down_proj],
+        &gate,
+        gate.len() / (x.len() / hidden),
+        matmul,
+    );
     add(x, &down);
 }
 
@@ -163,9 +172,10 @@ fn project<const N: usize>(
     projections: [&Projection<&[f32], Rows<'_>>; N],
     xs: &[f32],
     d_in: usize,
+    matmul: Matmul,
 ) -> [Vec<f32>; N] {
     let weights = projections.map(|p| p.weight);
-    let mut outs: [Vec<f32>; N] = matvecs(&weights, xs, d_in)
+    let mut outs: [Vec<f32>; N] = matvecs(&weights, xs, d_in, matmul)
         .try_into()
         .expect("one output per weight");
     for (out, projection) in outs.iter_mut().zip(projections) {

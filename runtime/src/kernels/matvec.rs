@@ -18,6 +18,7 @@
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
+use super::int8::{self, Inputs, Matmul};
 use super::{simd, team};
 use crate::quant::BlockType;
 
@@ -67,14 +68,25 @@ impl<'a> Rows<'a> {
         }
     }
 
+    /// Whether its products take `inputs` (rounded to integers) rather than the f32 ones.
+    fn takes_int8(&self, d_in: usize) -> bool {
+        matches!(*self, Rows::Blocks(ty, _) if int8::runs(ty, d_in))
+    }
+
     fn bundles(
         self,
         xs: &[f32],
+        inputs: Option<&Inputs>,
         d_in: usize,
         out: &[AtomicU32],
         stride: usize,
         bundles: Range<usize>,
     ) {
+        if let (Rows::Blocks(ty, rows), Some(inputs)) = (self, inputs)
+            && self.takes_int8(d_in)
+        {
+            return int8::bundles(ty, rows, inputs, out, stride, bundles);
+        }
         match self {
             Rows::F32(rows) => simd::matvec_bundles(rows, xs, d_in, out, stride, bundles),
             Rows::Bf16(rows) => simd::matvec_bundles_bf16(rows, xs, d_in, out, stride, bundles),
@@ -89,10 +101,17 @@ impl<'a> Rows<'a> {
 /// vectors `x_b` of `d_in` that `xs` holds one after another, all split across the pool's
 /// threads in one parallel region (one hand-off for q, k and v together). Each weight is
 /// read once for all the vectors (a batch of decoded tokens), and a vector's products are
-/// the same, bit for bit, whatever else is in `xs`.
-pub fn matvecs(weights: &[Rows<'_>], xs: &[f32], d_in: usize) -> Vec<Vec<f32>> {
+/// the same, bit for bit, whatever else is in `xs`. With [`Matmul::Int8`], products over
+/// blocks that have an int8 kernel take `xs` rounded to integers, once for all of them.
+pub fn matvecs(weights: &[Rows<'_>], xs: &[f32], d_in: usize, matmul: Matmul) -> Vec<Vec<f32>> {
     let threads = rayon::current_num_threads();
     let n = xs.len() / d_in;
+    let int8_types = (weights.iter()).filter_map(|rows| match rows {
+        Rows::Blocks(ty, _) if rows.takes_int8(d_in) => Some(*ty),
+        _ => None,
+    });
+    let inputs = (matmul == Matmul::Int8).then(|| Inputs::new(xs, d_in, int8_types));
+    let inputs = inputs.as_ref();
     // Whichever thread computes a row stores it, so the outputs are atomics; a relaxed
     // store is a plain store on x86, and the region's end orders them before the reads.
     let d_outs: Vec<usize> = weights.iter().map(|rows| rows.len() / d_in).collect();
@@ -118,14 +137,14 @@ pub fn matvecs(weights: &[Rows<'_>], xs: &[f32], d_in: usize) -> Vec<Vec<f32>> {
     team::for_each_chunk(threads, &|own| {
         for share in &shares[own] {
             while let Some(bundles) = share.claim_front(OWNER_BUNDLES) {
-                share.run(xs, d_in, bundles);
+                share.run(xs, inputs, d_in, bundles);
             }
         }
         for other in (1..threads).map(|k| (own + k) % threads) {
             // The other's last share first: the farthest from where its owner is working.
             for share in shares[other].iter().rev() {
                 while let Some(bundles) = share.claim_back(HELPER_BUNDLES) {
-                    share.run(xs, d_in, bundles);
+                    share.run(xs, inputs, d_in, bundles);
                 }
             }
         }
@@ -164,9 +183,10 @@ impl<'a> Share<'a> {
         }
     }
 
-    /// Computes `bundles` of the share's rows for every vector of `xs`.
-    fn run(&self, xs: &[f32], d_in: usize, bundles: Range<usize>) {
-        self.rows.bundles(xs, d_in, self.out, self.stride, bundles);
+    /// Computes `bundles` of the share's rows for every vector of `xs` (or of `inputs`, its
+    /// vectors rounded, where the rows take those).
+    fn run(&self, xs: &[f32], inputs: Option<&Inputs>, d_in: usize, bundles: Range<usize>) {
+        (self.rows).bundles(xs, inputs, d_in, self.out, self.stride, bundles);
     }
 
     /// Up to `n` bundles from the front, if any are left.
@@ -242,9 +262,9 @@ mod tests {
             for in_team in [false, true] {
                 let outs = pool.install(|| {
                     if in_team {
-                        team::with_team(|| matvecs(&rows, &x, d_in))
+                        team::with_team(|| matvecs(&rows, &x, d_in, Matmul::Exact))
                     } else {
-                        matvecs(&rows, &x, d_in)
+                        matvecs(&rows, &x, d_in, Matmul::Exact)
                     }
                 });
                 for (weight, out) in slices.iter().zip(&outs) {
@@ -298,9 +318,11 @@ mod tests {
                             team::with_team(|| {
                                 let alone: Vec<Vec<f32>> = xs
                                     .chunks(d_in)
-                                    .flat_map(|x| matvecs(&[weight, weight], x, d_in))
+                                    .flat_map(|x| {
+                                        matvecs(&[weight, weight], x, d_in, Matmul::Exact)
+                                    })
                                     .collect();
-                                (matvecs(&[weight, weight], &xs, d_in), alone)
+                                (matvecs(&[weight, weight], &xs, d_in, Matmul::Exact), alone)
                             })
                         });
                         for (i, out) in batched.iter().enumerate() {
@@ -349,8 +371,8 @@ mod tests {
                 let (a, b) = pool.install(|| {
                     team::with_team(|| {
                         (
-                            matvecs(&[Rows::Bf16(&bf16)], &x, d_in),
-                            matvecs(&[Rows::F32(&f32s)], &x, d_in),
+                            matvecs(&[Rows::Bf16(&bf16)], &x, d_in, Matmul::Exact),
+                            matvecs(&[Rows::F32(&f32s)], &x, d_in, Matmul::Exact),
                         )
                     })
                 });

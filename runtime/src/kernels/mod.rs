@@ -13,6 +13,7 @@
 
 pub mod attention;
 mod blocks;
+pub mod int8;
 pub mod layer;
 pub mod linear;
 pub mod matvec;

@@ -17,6 +17,7 @@ impl BackendKind {
         value.get_name().to_string()
     }
 }
+pub mod logprobs;
 pub mod repl;
 
 /// `--threads` as every command line reads it (clap's value parser): a count from 1 to the

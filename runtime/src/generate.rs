@@ -9,7 +9,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use crate::artifact::{self, ArtifactError, GENERATION_CONFIG_FILE};
-use crate::backend::KernelBackend;
+use crate::backend::{KernelBackend, Matmul};
 use crate::cache::{CacheError, KvCache, KvDtype};
 use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::load::{Kept, Weights};
@@ -525,8 +525,18 @@ impl<B: KernelBackend> Generator<B> {
     }
 
     /// Perplexity of `ids` (no BOS added): exp of the mean negative log-likelihood of each
-    /// token after the first given the ones before it, accumulated in f64.
+    /// token after the first given the ones before it, accumulated in f64. With
+    /// [`Matmul::Int8`] the text runs a token at a time, through the kernels decoding uses.
     pub fn perplexity(&self, ids: &[u32]) -> Result<Perplexity, GenerateError> {
+        self.score(ids, |_| ())
+    }
+
+    /// [`Self::perplexity`], handing `each` every position's logits, in order.
+    pub fn score(
+        &self,
+        ids: &[u32],
+        mut each: impl FnMut(&[f32]),
+    ) -> Result<Perplexity, GenerateError> {
         if ids.len() < 2 {
             return Err(GenerateError::TextTooShort(ids.len()));
         }
@@ -541,10 +551,16 @@ impl<B: KernelBackend> Generator<B> {
         let mut cache = self.new_cache(ids.len())?;
         let mut nll = 0.0f64;
         let mut position = 0;
-        // Chunk by chunk, so only one chunk's logits are ever in memory.
-        for chunk in ids.chunks(PREFILL_CHUNK) {
+        // Chunk by chunk, so only one chunk's logits are ever in memory. Int8 products run
+        // only where tokens decode (prompts stay exact), so they score a token at a time.
+        let chunk = match self.model.matmul {
+            Matmul::Exact => PREFILL_CHUNK,
+            Matmul::Int8 => 1,
+        };
+        for chunk in ids.chunks(chunk) {
             let logits = self.forward_logits(chunk, &mut cache, true)?;
             for row in logits.chunks_exact(vocab) {
+                each(row);
                 if let Some(&target) = ids.get(position + 1) {
                     nll += negative_log_likelihood(row, target as usize);
                 }

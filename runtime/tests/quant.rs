@@ -401,6 +401,83 @@ fn matvecs_equal_over_decoded_values(ty: BlockType, seed: u64) {
     }
 }
 
+/// With `Matmul::Int8` (where this CPU has the kernels), each vector of a batch gets, bit
+/// for bit, what it gets alone, at 1, 2 and 3 threads, in a team and not; and the products
+/// stay near the exact ones (the inputs rounded to 8 bits: about 1% of a product's size).
+fn int8_batches_equal_each_alone(ty: BlockType, seed: u64) {
+    let mut next = random(seed);
+    for &d_in in widths(ty) {
+        if !runtime::kernels::int8::runs(ty, d_in) {
+            eprintln!("skipped {ty} x {d_in}: no int8 kernel here");
+            continue;
+        }
+        let weights: Vec<(Vec<u8>, Vec<f32>)> = (D_OUTS.iter())
+            .map(|&d_out| random_weight(ty, d_out, d_in, &mut next))
+            .collect();
+        let blocks: Vec<Rows> = (weights.iter()).map(|(b, _)| Rows::Blocks(ty, b)).collect();
+        let xs: Vec<f32> = (0..16 * d_in).map(|_| next()).collect();
+        for threads in [1, 2, 3] {
+            let pool = pool(threads);
+            for in_team in [false, true] {
+                let run = |xs: &[f32], matmul| {
+                    pool.install(|| {
+                        if in_team {
+                            team::with_team(|| matvecs(&blocks, xs, d_in, matmul))
+                        } else {
+                            matvecs(&blocks, xs, d_in, matmul)
+                        }
+                    })
+                };
+                let exact = run(&xs, Matmul::Exact);
+                for n in [1, 2, 5, 8, 9, 16] {
+                    let batch = run(&xs[..n * d_in], Matmul::Int8);
+                    for (k, x) in xs[..n * d_in].chunks(d_in).enumerate() {
+                        let alone = run(x, Matmul::Int8);
+                        for (w, &d_out) in D_OUTS.iter().enumerate() {
+                            let at = format!(
+                                "{ty}, {d_in} x {d_out}, vector {k} of {n}, {threads} threads, team {in_team}"
+                            );
+                            let batched = &batch[w][k * d_out..][..d_out];
+                            if let Some((i, b, a)) = first_difference(batched, &alone[w]) {
+                                panic!("{at}: row {i}: in the batch {b:e}, alone {a:e}");
+                            }
+                            let exact = &exact[w][k * d_out..][..d_out];
+                            let size: f32 =
+                                exact.iter().map(|v| v.abs()).sum::<f32>() / d_out as f32;
+                            for (i, (&int8, &exact)) in batched.iter().zip(exact).enumerate() {
+                                assert!(
+                                    (int8 - exact).abs() < 0.05 * size,
+                                    "{at}: row {i}: int8 {int8}, exact {exact}"
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int8_batches_over_q8_0_equal_each_alone() {
+    int8_batches_equal_each_alone(BlockType::Q8_0, 41);
+}
+
+#[test]
+fn int8_batches_over_q4_0_equal_each_alone() {
+    int8_batches_equal_each_alone(BlockType::Q4_0, 42);
+}
+
+#[test]
+fn int8_batches_over_q4_k_equal_each_alone() {
+    int8_batches_equal_each_alone(BlockType::Q4K, 43);
+}
+
+#[test]
+fn int8_batches_over_q6_k_equal_each_alone() {
+    int8_batches_equal_each_alone(BlockType::Q6K, 44);
+}
+
 #[test]
 fn matvecs_over_q8_0_equal_over_decoded_values() {
     matvecs_equal_over_decoded_values(BlockType::Q8_0, 0x9e37_79b9_7f4a_7c15);

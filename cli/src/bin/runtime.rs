@@ -9,6 +9,7 @@ use std::time::Instant;
 use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use cli::BackendKind;
+use cli::logprobs::{Logprobs, divergence};
 use runtime::backend::{KernelBackend, Matmul};
 use runtime::cache::KvDtype;
 use runtime::files;
@@ -185,6 +186,14 @@ struct PerplexityArgs {
     /// Score only the first N tokens (default: the model's context length).
     #[arg(long, value_parser = clap::value_parser!(u32).range(2..))]
     max_tokens: Option<u32>,
+    /// Save every position's log-probabilities to this file, as a base for --kl-base.
+    #[arg(long)]
+    save_logprobs: Option<PathBuf>,
+    /// Also report the mean KL divergence of this run from the log-probabilities saved in
+    /// this file (by --save-logprobs, or from llama.cpp by scripts/llamacpp_logprobs.py) over
+    /// the same tokens, as llama-perplexity's --kl-divergence does.
+    #[arg(long)]
+    kl_base: Option<PathBuf>,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -510,14 +519,39 @@ fn perplexity<B: KernelBackend>(args: &PerplexityArgs) -> Result<()> {
     let text = files::read_text_prefix(&args.file, prefix)?;
     let mut ids = tokenizer.encode(&text)?;
     ids.truncate(limit);
-    let result = generator.perplexity(&ids)?;
+    // Read first: a base that cannot be compared fails before the scoring.
+    let base = args.kl_base.as_deref().map(Logprobs::load).transpose()?;
+    let keep = args.save_logprobs.is_some() || base.is_some();
+    let mut logprobs = Logprobs::new(&ids, generator.config.vocab_size);
+    let result = generator.score(&ids, |logits| {
+        if keep {
+            logprobs.push(logits)
+        }
+    })?;
+    if let Some(path) = &args.save_logprobs {
+        logprobs.save(path)?;
+    }
+    let divergence = base.map(|base| divergence(&base, &logprobs)).transpose()?;
     if args.common.json {
-        print_line(&json!(result).to_string())?;
+        let mut value = json!(result);
+        if let Some(d) = &divergence {
+            value["divergence"] = json!(d);
+        }
+        print_line(&value.to_string())?;
     } else {
-        print_line(&format!(
+        let mut line = format!(
             "tokens {} | mean nll {:.6} | perplexity {:.4}",
             result.tokens, result.nll, result.ppl
-        ))?;
+        );
+        if let Some(d) = divergence {
+            line += &format!(
+                " | mean KL {:.6} (max {:.4}) | same top token {:.2}%",
+                d.mean_kl,
+                d.max_kl,
+                100.0 * d.same_top
+            );
+        }
+        print_line(&line)?;
     }
     Ok(())
 }

@@ -105,6 +105,7 @@ pub struct Divergence {
 
 pub fn divergence(base: &Logprobs, ours: &Logprobs) -> Result<Divergence> {
     let positions = ours.rows.len() / ours.vocab;
+    ensure!(positions > 0, "no positions to compare");
     if base.vocab != ours.vocab || base.ids.get(..positions) != ours.ids.get(..positions) {
         bail!("the base log-probabilities are of other ids or another vocabulary");
     }
@@ -158,6 +159,8 @@ mod tests {
             .sum();
         assert!((d.mean_kl - kl / 3.0).abs() < 1e-6, "{d:?}");
         assert!((d.same_top - 2.0 / 3.0).abs() < 1e-12);
-        assert!(divergence(&base, &Logprobs::new(&[5, 9, 7], 3)).is_err());
+        let mut other_ids = Logprobs::new(&[5, 9, 7], 3);
+        (0..3).for_each(|_| other_ids.push(&[0.0, 0.0, 0.0]));
+        assert!(divergence(&base, &other_ids).is_err());
     }
 }

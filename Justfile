@@ -82,7 +82,7 @@ bench-llamacpp *args: build llamacpp-venv
         [ -f "$dir/smollm2-$kind.gguf" ] ||
             "$dir/venv/bin/python" scripts/gguf_quantize.py "$dir/bf16.gguf" "$dir/smollm2-$kind.gguf" $kind
         {{bin}}/bench --backends flex --python "$dir/venv/bin/python" --weights $kind \
-            --gguf "$dir/smollm2-$kind.gguf" {{args}}
+            --matmul int8 --gguf "$dir/smollm2-$kind.gguf" {{args}}
     done
 
 # llama.cpp's side of the benches: llama-cpp-python, gguf-py, numpy, tokenizers.
@@ -97,9 +97,10 @@ llamacpp-venv:
         "$dir/venv/bin/pip" install --quiet llama-cpp-python gguf numpy tokenizers
     fi
 
-# A Llama-3.2-1B-shaped model (random weights, SmolLM2's vocabulary; made once by scripts,
-# about 15 GB under target/bench-1b) in bf16, q8_0 and q4_0, each beside llama.cpp's GGUF of
-# the same values, and llama.cpp's Q4_K_M.
+# A Llama-3.2-1B-shaped model (random weights; made once by scripts, about 30 GB under
+# target/bench-1b): bf16, and quantized at load to q8_0 and q4_0, each beside llama.cpp's
+# GGUF of the same values; llama.cpp's Q8_0 and Q4_K_M files imported and run through both;
+# eight streams on Q4_K_M. The quantized rows run `--matmul int8`, as llama.cpp multiplies.
 # At 1B beside llama.cpp, bf16 and quantized: just bench-1b --runs 1
 bench-1b *args: build llamacpp-venv
     #!/usr/bin/env bash
@@ -110,10 +111,21 @@ bench-1b *args: build llamacpp-venv
     [ -f "$dir/artifact/manifest.json" ] || {{bin}}/converter convert "$dir/checkpoint" "$dir/artifact"
     [ -f "$dir/gguf/q4_k_m.gguf" ] ||
         "$py" scripts/checkpoint_to_gguf.py "$dir/checkpoint" "$dir/gguf" --type bf16 --quantize Q8_0,Q4_0,Q4_K_M
-    bench() { {{bin}}/bench --artifacts "$dir/artifact" --backends flex --python "$py" "$@" {{args}}; }
-    bench --gguf "$dir/gguf/bf16.gguf"
-    bench --weights q8_0 --gguf "$dir/gguf/q8_0.gguf"
-    bench --weights q4_0 --gguf "$dir/gguf/q4_0.gguf,$dir/gguf/q4_k_m.gguf"
+    bench() { {{bin}}/bench --backends flex --python "$py" "$@" {{args}}; }
+    bench --artifacts "$dir/artifact" --gguf "$dir/gguf/bf16.gguf"
+    # Quantized at load from the bf16 artifact, beside llama.cpp's files of the same values.
+    bench --artifacts "$dir/artifact" --weights q8_0 --matmul int8 --gguf "$dir/gguf/q8_0.gguf"
+    bench --artifacts "$dir/artifact" --weights q4_0 --matmul int8 --gguf "$dir/gguf/q4_0.gguf"
+    # llama.cpp's own files imported (their blocks kept), the same file through both.
+    for kind in q8_0 q4_k_m; do
+        if [ ! -f "$dir/$kind/manifest.json" ]; then
+            {{bin}}/converter import-gguf "$dir/gguf/$kind.gguf" "$dir/$kind-hf"
+            {{bin}}/converter convert "$dir/$kind-hf" "$dir/$kind"
+            rm -rf "$dir/$kind-hf"
+        fi
+        bench --artifacts "$dir/$kind" --matmul int8 --gguf "$dir/gguf/$kind.gguf"
+    done
+    bench --artifacts "$dir/q4_k_m" --matmul int8 --streams 1,8 --gguf "$dir/gguf/q4_k_m.gguf"
 
 # Batched decoding (what `runtime serve --parallel` runs) beside llama.cpp's on the BF16 and
 # F32 GGUFs: just bench-serving --runs 3 (after `just bench-llamacpp` has made them)

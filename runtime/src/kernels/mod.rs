@@ -6,6 +6,7 @@
 //! - [`team`]: threads kept spinning while one token decodes, for its many short regions.
 //! - [`matvec`]: matrix-vector products split across threads with work stealing.
 //! - `blocks`: those products over quantized rows, each block decoded in registers.
+//! - [`int8`]: those products with the inputs rounded to 8-bit integers (`--matmul int8`).
 //! - [`linear`]: products of many rows (a prompt) with a weight: [`panels`] on AVX-512, else gemm.
 //! - [`panels`]: those products reading the weight in cache-sized panels, one FMA chain per output.
 //! - [`attention`]: causal grouped-query attention, blocked for prompts, split for a token.

@@ -144,19 +144,8 @@ impl MappedFile {
     /// was read sequentially, 4 KiB if written or read a page at a time). Decoding streams
     /// every weight per token, and reads them faster over huge pages (docs/BENCHMARKS.md).
     pub fn populate(&self) {
-        let (ptr, len) = (self.map.as_ptr() as *mut libc::c_void, self.map.len());
-        if len == 0 {
-            return;
-        }
-        // SAFETY: advice on this live read-only mapping; none of it changes its contents.
-        // MADV_POPULATE_READ is Linux 5.14's; older kernels refuse it, and MADV_WILLNEED
-        // then at least starts reading the file into the page cache.
-        unsafe {
-            libc::madvise(ptr, len, libc::MADV_HUGEPAGE);
-            if libc::madvise(ptr, len, libc::MADV_POPULATE_READ) != 0 {
-                libc::madvise(ptr, len, libc::MADV_WILLNEED);
-            }
-        }
+        // SAFETY: the whole of this live read-only file mapping.
+        unsafe { populate_mapped(&self.map) }
     }
 
     /// Drops the pages of `range` from this process's memory (mapped pages count in its
@@ -175,6 +164,26 @@ impl MappedFile {
                     end - range.start,
                 )
             };
+        }
+    }
+}
+
+/// [`MappedFile::populate`] for `bytes`, the whole of a file mapping.
+///
+/// # Safety
+/// `bytes` must be a read-only private mapping of a file, from its first page.
+pub unsafe fn populate_mapped(bytes: &[u8]) {
+    let (ptr, len) = (bytes.as_ptr() as *mut libc::c_void, bytes.len());
+    if len == 0 {
+        return;
+    }
+    // SAFETY: advice on a live read-only mapping (the caller's promise); none of it
+    // changes its contents. MADV_POPULATE_READ is Linux 5.14's; older kernels refuse it,
+    // and MADV_WILLNEED then at least starts reading the file into the page cache.
+    unsafe {
+        libc::madvise(ptr, len, libc::MADV_HUGEPAGE);
+        if libc::madvise(ptr, len, libc::MADV_POPULATE_READ) != 0 {
+            libc::madvise(ptr, len, libc::MADV_WILLNEED);
         }
     }
 }

@@ -223,6 +223,7 @@ impl<B: KernelBackend> Loader<'_, B> {
                 let form = layout.form(stored.bytes, self.weights);
                 let data = layout.lay_out(stored.bytes, form);
                 record.release(&stored);
+                let (data, form) = self.tied_embedding(path, &layout, data, form);
                 (id, data, form)
             }
             Source::LaidOut(file) => {
@@ -232,7 +233,12 @@ impl<B: KernelBackend> Loader<'_, B> {
                 // `check_laid_out` has compared the file's tensors with the model's.
                 let entry = file.entry(path).ok_or("checked: the same set")?;
                 let (data, form) = self.kept_from_file(file.bytes(entry), entry.dtype, &layout)?;
-                (id, data, form)
+                let (data, quantized) = self.tied_embedding(path, &layout, data, form);
+                if quantized != form {
+                    // SAFETY: the weights file's tensors lie in its read-only private map.
+                    unsafe { crate::files::release_mapped(&file.bytes(entry)) };
+                }
+                (id, data, quantized)
             }
         };
         self.kept.count(&layout, form);
@@ -269,6 +275,40 @@ impl<B: KernelBackend> Loader<'_, B> {
             self.embedding = Some((tensor.clone().into_primitive(), false));
         }
         Ok((id, tensor))
+    }
+
+    /// Quantizing at load (`Weights::Blocks`) a model with tied embeddings: the embedding,
+    /// which is also the lm_head, as Q8_0 blocks, whatever the projections' type, as
+    /// llama-quantize keeps that tensor at 6 or 8 bits (Q6_K, or Q8_0 where rows are not
+    /// whole 256-value blocks; Q6_K's scale search would take seconds at load here). One
+    /// copy read both ways, a quarter of bf16's bytes less than a bf16 embedding beside a
+    /// quantized lm_head. Any other parameter passes through.
+    fn tied_embedding(
+        &self,
+        path: &str,
+        layout: &Layout,
+        data: TensorData,
+        form: Form,
+    ) -> (TensorData, Form) {
+        let ty = BlockType::Q8_0;
+        let hidden = layout.shape.last().copied().unwrap_or(0);
+        let quantizing = matches!(self.weights, Weights::Blocks(_));
+        if !(self.tied && quantizing && path == "embed_tokens.weight")
+            || matches!(form, Form::Blocks(_))
+            || ty.row_bytes(hidden).is_none()
+        {
+            return (data, form);
+        }
+        let blocks = match data.as_slice::<bf16>() {
+            Ok(rows) => crate::layout::quantized_from(rows, hidden, ty, bf16::to_f32),
+            Err(_) => {
+                let rows = data.convert::<f32>();
+                let rows = rows.as_slice::<f32>().expect("converted to f32");
+                crate::layout::quantized(rows, hidden, ty)
+            }
+        };
+        let len = blocks.len();
+        (TensorData::new(blocks, [len]), Form::Blocks(ty))
     }
 
     /// A tied lm_head: the embedding seen transposed, `[hidden, vocab]` (its blocks, where the

@@ -227,8 +227,7 @@ pub struct WeightsFile {
 
 impl WeightsFile {
     /// Maps `path` and checks its header and index: every tensor within the file, aligned,
-    /// in order and not overlapping, its length what its shape and dtype need. Every page
-    /// is mapped now (`MappedFile::populate`): the tensors are used where they lie.
+    /// in order and not overlapping, its length what its shape and dtype need.
     pub fn open(path: &Path) -> Result<Self, String> {
         let file = MappedFile::open(path).map_err(|e| e.to_string())?;
         // The map starts on a page; a tensor's alignment within the file is its alignment.
@@ -236,7 +235,6 @@ impl WeightsFile {
             return Err(format!("the map does not start on a {ALIGN}-byte boundary"));
         }
         let (index, data_start) = parse(file.bytes())?;
-        file.populate();
         let map = bytes::Bytes::from_owner(file);
         let mut by_path = HashMap::new();
         for (i, entry) in index.tensors.iter().enumerate() {
@@ -250,6 +248,15 @@ impl WeightsFile {
             by_path,
             data_start,
         })
+    }
+
+    /// Maps every page now (`MappedFile::populate`), for a loader that uses the tensors where
+    /// they lie: no page faults in the first prompt. Not for one that converts them (quantizing
+    /// at load), which reads each tensor once and drops its pages: populating first would hold
+    /// the whole file in memory beside what it makes.
+    pub fn populate(&self) {
+        // SAFETY: `map` is the whole of the file's read-only private mapping.
+        unsafe { crate::files::populate_mapped(&self.map) }
     }
 
     pub fn index(&self) -> &Index {

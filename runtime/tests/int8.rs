@@ -17,7 +17,8 @@ use runtime::quant::BlockType;
 use serde::Deserialize;
 
 /// Perplexity of the int8 path against llama.cpp's on the same weights: within 0.5%
-/// (measured: 0.01% over the whole text).
+/// (measured: +0.16% over the whole text: the same as with llama.cpp's own file imported, whose
+/// weights quantizing at load reproduces).
 const PPL_TOLERANCE: f64 = 0.005;
 
 /// Mean KL divergence allowed, in nats. Rounding the inputs is a small random error of its

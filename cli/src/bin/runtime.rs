@@ -63,7 +63,8 @@ struct CommonArgs {
     /// bf16 checkpoint, else f32), bf16 (rounding where it is not), f32, or each projection
     /// quantized as it loads to ggml's q8_0, q4_0, q4_k or q6_k blocks (llama.cpp's
     /// reference quantizer; 1.06, 0.56, 0.56 and 0.82 bytes a weight; the K types need
-    /// inputs a multiple of 256, other projections stay as auto keeps them). The results of auto and f32 are the same to
+    /// inputs a multiple of 256, other projections stay as auto keeps them; a tied embedding,
+    /// which is also the lm_head, is kept as q8_0). The results of auto and f32 are the same to
     /// the bit; bf16 reads half the bytes.
     #[arg(long, default_value = "auto")]
     weights: Weights,
@@ -354,6 +355,15 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     })?;
     generator.kv_dtype = common.kv_cache;
     generator.model.matmul = common.matmul;
+    if common.matmul == Matmul::Int8 {
+        if !runtime::kernels::int8::available() {
+            eprintln!("note: this CPU has no AVX-512 VNNI: --matmul int8 runs the exact products");
+        } else if generator.kept.blocks == 0 {
+            eprintln!(
+                "note: --matmul int8 changes nothing here: no weight is kept as blocks (see --weights)"
+            );
+        }
+    }
     if generator.kept.rounded > 0 {
         eprintln!(
             "note: --weights bf16 rounded {} of the {} weight matrices, which hold values bf16 does not (results differ from --weights f32)",

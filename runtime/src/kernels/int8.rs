@@ -65,9 +65,9 @@ pub fn runs(ty: BlockType, d_in: usize) -> bool {
     shape && available()
 }
 
-/// AVX-512 with the byte and int8-dot-product extensions (Ice Lake, Sapphire Rapids, Zen 4
-/// and later).
-fn available() -> bool {
+/// Whether this CPU has the int8 kernels: AVX-512 with the byte and int8-dot-product
+/// extensions (Ice Lake, Sapphire Rapids, Zen 4 and later).
+pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
         std::is_x86_feature_detected!("avx512f")

@@ -654,22 +654,10 @@ mod avx512 {
                             high_scales[r] =
                                 _mm512_permutexvar_epi16(index_halves(g + 1, g + 3), scales[r]);
                         }
-                        for v in 0..V {
-                            let x = inputs
-                                .paired
-                                .as_ptr()
-                                .add(vectors[v] * d_in + block * 256 + 128 * half);
-                            let (xa, xb) = (
-                                _mm512_loadu_si512(x.cast()),
-                                _mm512_loadu_si512(x.add(64).cast()),
-                            );
-                            for r in 0..R {
-                                let p = _mm512_maddubs_epi16(low[r], xa);
-                                dots[v][r] = _mm512_dpwssd_epi32(dots[v][r], p, low_scales[r]);
-                                let p = _mm512_maddubs_epi16(high[r], xb);
-                                dots[v][r] = _mm512_dpwssd_epi32(dots[v][r], p, high_scales[r]);
-                            }
-                        }
+                        let at = block * 256 + 128 * half;
+                        let xs = vectors.map(|b| inputs.paired[b * d_in + at..].as_ptr());
+                        let scales = [low_scales, high_scales];
+                        scaled_dots(&mut dots, [low, high], scales, xs);
                     }
                     for v in 0..V {
                         let k = vectors[v] * d_in / 256 + block;
@@ -690,6 +678,31 @@ mod avx512 {
                 }
             }
             acc.map(|row| row.map(|a| _mm512_reduce_add_ps(a)))
+        }
+    }
+
+    /// The K-quant kernels' step over 128 values of a block: each row's codes as unsigned
+    /// bytes (`codes[0][r]` those of the first 64 inputs at `xs[v]`, `codes[1][r]` the
+    /// last 64's), multiplied by the vector's integers and summed in pairs (`vpmaddubsw`:
+    /// at most 2 * 63 * 127, no saturation), each pair times its group's scale and summed
+    /// into `dots[v][r]` (`vpdpwssd`).
+    #[inline]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+    unsafe fn scaled_dots<const R: usize, const V: usize>(
+        dots: &mut [[__m512i; R]; V],
+        codes: [[__m512i; R]; 2],
+        scales: [[__m512i; R]; 2],
+        xs: [*const i8; V],
+    ) {
+        for v in 0..V {
+            for half in 0..2 {
+                // SAFETY: the caller's vectors hold 128 integers from `xs[v]`.
+                let x = unsafe { _mm512_loadu_si512(xs[v].add(64 * half).cast()) };
+                for r in 0..R {
+                    let p = _mm512_maddubs_epi16(codes[half][r], x);
+                    dots[v][r] = _mm512_dpwssd_epi32(dots[v][r], p, scales[half][r]);
+                }
+            }
         }
     }
 
@@ -763,22 +776,10 @@ mod avx512 {
                             high_scales[r] =
                                 _mm512_permutexvar_epi16(group_index(2 * half + 1), all);
                         }
-                        for v in 0..V {
-                            let x = inputs
-                                .q256
-                                .as_ptr()
-                                .add(vectors[v] * d_in + block * 256 + 128 * half);
-                            let (xa, xb) = (
-                                _mm512_loadu_si512(x.cast()),
-                                _mm512_loadu_si512(x.add(64).cast()),
-                            );
-                            for r in 0..R {
-                                let p = _mm512_maddubs_epi16(low[r], xa);
-                                dots[v][r] = _mm512_dpwssd_epi32(dots[v][r], p, low_scales[r]);
-                                let p = _mm512_maddubs_epi16(high[r], xb);
-                                dots[v][r] = _mm512_dpwssd_epi32(dots[v][r], p, high_scales[r]);
-                            }
-                        }
+                        let at = block * 256 + 128 * half;
+                        let xs = vectors.map(|b| inputs.q256[b * d_in + at..].as_ptr());
+                        let scales = [low_scales, high_scales];
+                        scaled_dots(&mut dots, [low, high], scales, xs);
                     }
                     for v in 0..V {
                         let k = vectors[v] * d_in / 256 + block;

@@ -107,6 +107,8 @@ pub struct Generator<B: KernelBackend> {
     pub kept: Kept,
     /// What new KV caches store keys and values as.
     pub kv_dtype: KvDtype,
+    /// How products over quantized weights take their inputs.
+    pub matmul: Matmul,
     eos_ids: Vec<u32>,
     device: B::Device,
     /// Rotary tables shared by the caches made here (the same whichever cache reads them),
@@ -143,6 +145,7 @@ impl<B: KernelBackend> Generator<B> {
             config,
             kept,
             kv_dtype: KvDtype::default(),
+            matmul: Matmul::default(),
             eos_ids,
             device: device.clone(),
             rope: Mutex::new(None),
@@ -230,16 +233,18 @@ impl<B: KernelBackend> Generator<B> {
         let ids =
             Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, tokens.len()]), &self.device);
         if tokens.len() == 1 {
-            return Ok(Some(self.model.decode(ids, cache)?.into_data()));
+            return Ok(Some(
+                self.model.decode(ids, cache, self.matmul)?.into_data(),
+            ));
         }
-        let hidden = self.model.forward(ids, cache)?; // [1, n, hidden]
+        let hidden = self.model.forward(ids, cache, self.matmul)?; // [1, n, hidden]
         let [_, n, width] = hidden.dims();
         let hidden = match wanted {
             WantedLogits::None => return Ok(None),
             WantedLogits::Last => hidden.slice([0..1, n - 1..n, 0..width]),
             WantedLogits::All => hidden,
         };
-        Ok(Some(self.model.logits(hidden).into_data()))
+        Ok(Some(self.model.logits(hidden, self.matmul).into_data()))
     }
 
     /// Generates a continuation of `prompt` (token ids), calling `on_text` with each piece of
@@ -455,7 +460,10 @@ impl<B: KernelBackend> Generator<B> {
             let tokens: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
             let tokens = TensorData::new(tokens, [ids.len(), 1]);
             let tokens = Tensor::<B, 2, Int>::from_data(tokens, &self.device);
-            let logits = self.model.decode_each(tokens, caches)?.into_data();
+            let logits = self
+                .model
+                .decode_each(tokens, caches, self.matmul)?
+                .into_data();
             out.extend(
                 logits
                     .into_vec::<f32>()
@@ -553,7 +561,7 @@ impl<B: KernelBackend> Generator<B> {
         let mut position = 0;
         // Chunk by chunk, so only one chunk's logits are ever in memory. Int8 products run
         // only where tokens decode (prompts stay exact), so they score a token at a time.
-        let chunk = match self.model.matmul {
+        let chunk = match self.matmul {
             Matmul::Exact => PREFILL_CHUNK,
             Matmul::Int8 => 1,
         };

@@ -26,9 +26,6 @@ pub struct Llama<B: Backend> {
     pub norm: RmsNorm<B>,
     /// `weight: [hidden, vocab]`; a copy of `embed_tokens` for tied checkpoints.
     pub lm_head: Linear<B>,
-    /// How products over quantized weights take their inputs (not part of the record).
-    #[module(skip)]
-    pub matmul: Matmul,
 }
 
 /// One transformer block: pre-norm attention and pre-norm SwiGLU MLP, each with a residual.
@@ -111,7 +108,6 @@ impl LlamaConfig {
             layers,
             norm: norm(),
             lm_head: linear(hidden, self.vocab_size, false),
-            matmul: Matmul::default(),
         }
     }
 }
@@ -147,6 +143,8 @@ impl<B: KernelBackend> Llama<B> {
     /// Runs `tokens` through the model after what `cache` holds, appending their keys and
     /// values to it, and returns the final-norm hidden states. Call [`Llama::logits`] on the
     /// positions you need: generation needs only the last one, perplexity all of them.
+    /// `matmul` says how products over quantized weights take their inputs
+    /// ([`Matmul::Exact`]: the products of the decoded values, to the bit).
     ///
     /// # Shapes
     /// - tokens: `[batch, seq]`
@@ -155,6 +153,7 @@ impl<B: KernelBackend> Llama<B> {
         &self,
         tokens: Tensor<B, 2, Int>,
         cache: &mut KvCache<B>,
+        matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
         let [batch, seq] = tokens.dims();
         cache.check_room(batch, seq)?;
@@ -162,7 +161,7 @@ impl<B: KernelBackend> Llama<B> {
         // [batch, seq, hidden]; rows of a bf16 embedding widen exactly.
         let mut x = B::embed(self.embed_tokens.weight.val(), tokens).cast(FloatDType::F32);
         for (layer, cache) in self.layers.iter().zip(cache.layers_mut()) {
-            x = layer.forward(x, cache, &rope, self.matmul)?;
+            x = layer.forward(x, cache, &rope, matmul)?;
         }
         cache.advance(seq);
         Ok(rms_norm(&self.norm, x))
@@ -180,8 +179,9 @@ impl<B: KernelBackend> Llama<B> {
         &self,
         tokens: Tensor<B, 2, Int>,
         cache: &mut KvCache<B>,
+        matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
-        B::decode_token(|| Ok(self.logits(self.forward(tokens, cache)?)))
+        B::decode_token(|| Ok(self.logits(self.forward(tokens, cache, matmul)?, matmul)))
     }
 
     /// Decodes one token of each of several sequences, each with its own cache (its own
@@ -198,6 +198,7 @@ impl<B: KernelBackend> Llama<B> {
         &self,
         tokens: Tensor<B, 2, Int>,
         caches: &mut [&mut KvCache<B>],
+        matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
         for cache in caches.iter() {
             cache.check_room(1, 1)?;
@@ -210,17 +211,17 @@ impl<B: KernelBackend> Llama<B> {
                 let mut caches: Vec<&mut LayerCache<B>> = (layers.iter_mut())
                     .map(|layers| layers.next().expect("a cache per layer"))
                     .collect();
-                x = layer.decode_each(x, &mut caches, &ropes, self.matmul)?;
+                x = layer.decode_each(x, &mut caches, &ropes, matmul)?;
             }
             drop(layers);
             caches.iter_mut().for_each(|cache| cache.advance(1));
-            Ok(self.logits(rms_norm(&self.norm, x)))
+            Ok(self.logits(rms_norm(&self.norm, x), matmul))
         })
     }
 
     /// `[batch, seq, hidden]` → `[batch, seq, vocab]`
-    pub fn logits(&self, hidden: Tensor<B, 3>) -> Tensor<B, 3> {
-        project(&self.lm_head, hidden, self.matmul)
+    pub fn logits(&self, hidden: Tensor<B, 3>, matmul: Matmul) -> Tensor<B, 3> {
+        project(&self.lm_head, hidden, matmul)
     }
 
     /// Re-lays every projection weight out in memory as `[d_out, d_in]` (each output's
@@ -592,7 +593,9 @@ mod batch_tests {
                                 .expect("a cache");
                             for t in 0..len {
                                 let token = ((s * 13 + t * 7) % 50) as u32;
-                                model.decode(ids(&[token]), &mut cache).expect("room");
+                                model
+                                    .decode(ids(&[token]), &mut cache, Matmul::Exact)
+                                    .expect("room");
                             }
                             cache
                         })
@@ -614,11 +617,15 @@ mod batch_tests {
                         .filter(|(s, _)| running.contains(s))
                         .map(|(_, c)| c)
                         .collect();
-                    let batched = model.decode_each(ids(&tokens), &mut caches).expect("room");
+                    let batched = model
+                        .decode_each(ids(&tokens), &mut caches, Matmul::Exact)
+                        .expect("room");
                     let batched = batched.into_data().into_vec::<f32>().expect("f32 logits");
                     let rows = batched.chunks_exact(50);
                     for ((&s, &token), row) in running.iter().zip(&tokens).zip(rows) {
-                        let single = model.decode(ids(&[token]), &mut alone[s]).expect("room");
+                        let single = model
+                            .decode(ids(&[token]), &mut alone[s], Matmul::Exact)
+                            .expect("room");
                         let single = single.into_data().into_vec::<f32>().expect("f32 logits");
                         let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
                         assert_eq!(

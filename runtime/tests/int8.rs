@@ -61,7 +61,7 @@ fn artifact_dir() -> Option<PathBuf> {
 fn load(dir: &Path, ty: &str, matmul: Matmul) -> Generator<FlexBackend> {
     let weights: Weights = ty.parse().unwrap();
     let mut generator = Generator::load_with(dir, &Default::default(), weights).unwrap();
-    generator.model.matmul = matmul;
+    generator.matmul = matmul;
     generator
 }
 

@@ -141,7 +141,7 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
     let mut generator =
         Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
     generator.kv_dtype = cli.kv_cache;
-    generator.model.matmul = cli.matmul;
+    generator.matmul = cli.matmul;
     let mut samples = Vec::new();
     for &n in &cli.streams {
         // The prompts one after another, as `runtime serve` prefills them: each one's first
@@ -257,7 +257,7 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
     let mut generator =
         Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
     generator.kv_dtype = cli.kv_cache;
-    generator.model.matmul = cli.matmul;
+    generator.matmul = cli.matmul;
     let load_s = started.elapsed().as_secs_f64();
     // Checked before any measuring, so a depth that cannot run fails at once.
     let depth = cli.depth;

@@ -354,7 +354,7 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
         Generator::<B>::load_with(dir, &device, common.weights)
     })?;
     generator.kv_dtype = common.kv_cache;
-    generator.model.matmul = common.matmul;
+    generator.matmul = common.matmul;
     if common.matmul == Matmul::Int8 {
         if !runtime::kernels::int8::available() {
             eprintln!("note: this CPU has no AVX-512 VNNI: --matmul int8 runs the exact products");

@@ -12,6 +12,7 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
+use runtime::sampling::log_partition;
 
 const MAGIC: &[u8; 8] = b"LOGPROBS";
 
@@ -33,9 +34,7 @@ impl Logprobs {
 
     /// Appends the next position's log-probabilities, from its logits.
     pub fn push(&mut self, logits: &[f32]) {
-        let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
-        let norm = max + sum.ln();
+        let norm = log_partition(logits);
         (self.rows).extend(logits.iter().map(|&l| (l as f64 - norm) as f32));
     }
 

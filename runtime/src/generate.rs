@@ -15,7 +15,7 @@ use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::load::{Kept, Weights};
 use crate::model::Llama;
 use crate::rope::Rope;
-use crate::sampling::{Sampler, SamplingParams, TokenLogprob, logprobs};
+use crate::sampling::{Sampler, SamplingParams, TokenLogprob, log_partition, logprobs};
 use crate::tokenizer::{TextStream, Tokenizer, TokenizerError};
 
 /// Prompts and perplexity texts run through the model this many tokens at a time, which
@@ -601,9 +601,7 @@ enum WantedLogits {
 
 /// `logsumexp(row) - row[target]`, in f64.
 fn negative_log_likelihood(row: &[f32], target: usize) -> f64 {
-    let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = row.iter().map(|&l| (l as f64 - max).exp()).sum();
-    max + sum.ln() - row[target] as f64
+    log_partition(row) - row[target] as f64
 }
 
 /// A generation under way ([`Generator::start`]): its KV cache, sampler and text so far.

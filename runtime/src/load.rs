@@ -189,8 +189,8 @@ struct Loader<'a, B: Backend> {
     kept: Kept,
     device: B::Device,
     path: FieldPath,
-    /// The embedding, `[vocab, hidden]`, for a tied lm_head, and whether it is kept as blocks.
-    embedding: Option<(TensorPrimitive<B>, bool)>,
+    /// The embedding, `[vocab, hidden]` (values, or blocks seen so), for a tied lm_head.
+    embedding: Option<TensorPrimitive<B>>,
     /// `ModuleMapper` can't return errors: the first one is kept here.
     error: Option<String>,
 }
@@ -218,7 +218,7 @@ impl<B: KernelBackend> Loader<'_, B> {
                 let id = ParamId::try_deserialize(stored.id)
                     .ok_or_else(|| format!("{path} has a corrupt parameter id"))?;
                 if self.tied && path == TIED_LM_HEAD {
-                    return Ok((id, self.tied_lm_head(&layout)?));
+                    return Ok((id, self.tied_lm_head()?));
                 }
                 let form = layout.form(stored.bytes, self.weights);
                 let data = layout.lay_out(stored.bytes, form);
@@ -228,7 +228,7 @@ impl<B: KernelBackend> Loader<'_, B> {
             }
             Source::LaidOut(file) => {
                 if self.tied && path == TIED_LM_HEAD {
-                    return Ok((id, self.tied_lm_head(&layout)?));
+                    return Ok((id, self.tied_lm_head()?));
                 }
                 // `check_laid_out` has compared the file's tensors with the model's.
                 let entry = file.entry(path).ok_or("checked: the same set")?;
@@ -258,7 +258,7 @@ impl<B: KernelBackend> Loader<'_, B> {
                     }
                     let tensor = B::blocks_matrix(ty, data.bytes, [hidden, vocab], &self.device);
                     let tensor = tensor.transpose();
-                    self.embedding = Some((tensor.clone().into_primitive(), true));
+                    self.embedding = Some(tensor.clone().into_primitive());
                     tensor
                 }
                 _ => return Err(format!("{path} is kept as {ty} blocks but is not a matrix")),
@@ -272,7 +272,7 @@ impl<B: KernelBackend> Loader<'_, B> {
             None => tensor,
         };
         if path == "embed_tokens.weight" {
-            self.embedding = Some((tensor.clone().into_primitive(), false));
+            self.embedding = Some(tensor.clone().into_primitive());
         }
         Ok((id, tensor))
     }
@@ -312,31 +312,10 @@ impl<B: KernelBackend> Loader<'_, B> {
     }
 
     /// A tied lm_head: the embedding seen transposed, `[hidden, vocab]` (its blocks, where the
-    /// embedding is kept as blocks); or, where projections are quantized at load, the
-    /// embedding's rows quantized.
-    fn tied_lm_head<const D: usize>(&mut self, layout: &Layout) -> Result<Tensor<B, D>, String> {
-        let (embedding, blocks) =
-            (self.embedding.clone()).ok_or("lm_head comes before the embedding")?;
+    /// embedding is kept as blocks, as [`Self::tied_embedding`] keeps it when quantizing).
+    fn tied_lm_head<const D: usize>(&mut self) -> Result<Tensor<B, D>, String> {
+        let embedding = (self.embedding.clone()).ok_or("lm_head comes before the embedding")?;
         let embedding = Tensor::<B, 2>::from_primitive(embedding);
-        if let (Weights::Blocks(ty), Some((d_in, d_out)), false) =
-            (self.weights, layout.linear, blocks)
-            && ty.row_bytes(d_in).is_some()
-        {
-            let rows = embedding.into_data();
-            let blocks = match rows.as_slice::<bf16>() {
-                Ok(rows) => crate::layout::quantized_from(rows, d_in, ty, bf16::to_f32),
-                Err(_) => {
-                    let rows = rows.convert::<f32>();
-                    let rows = rows.as_slice::<f32>().map_err(|e| format!("{e:?}"))?;
-                    crate::layout::quantized(rows, d_in, ty)
-                }
-            };
-            self.kept.count(layout, Form::Blocks(ty));
-            self.kept.block_bytes += blocks.len();
-            let bytes = Bytes::from_elems(blocks);
-            let tensor = B::blocks_matrix(ty, bytes, [d_in, d_out], &self.device);
-            return Ok(Tensor::from_primitive(tensor.into_primitive()));
-        }
         Ok(Tensor::from_primitive(
             embedding.transpose().into_primitive(),
         ))

@@ -217,12 +217,18 @@ pub struct TokenLogprob {
     pub top: Vec<(u32, f32)>,
 }
 
+/// `ln Σ exp(logit)` over `logits`, summed in f64 from the largest (no overflow): a
+/// token's log-probability is its logit minus this.
+pub fn log_partition(logits: &[f32]) -> f64 {
+    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
+    max + sum.ln()
+}
+
 /// The log-probability of `id` under `logits`, and the `top` most likely tokens' (ties
 /// in id order), computed in f64.
 pub fn logprobs(logits: &[f32], id: u32, top: usize) -> TokenLogprob {
-    let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().map(|&x| (x as f64 - max).exp()).sum();
-    let log_z = max + sum.ln();
+    let log_z = log_partition(logits);
     let logprob = |i: usize| (logits[i] as f64 - log_z) as f32;
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     let top = top.min(order.len());

@@ -6,6 +6,17 @@ use burn::tensor::{Tensor, TensorData};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
+/// Values in [-0.5, 0.5), from a xorshift generator seeded with `state`: cheap streams of
+/// f32 for kernels' tests (sums that round differently in any other order).
+pub fn uniform(mut state: u64) -> impl FnMut() -> f32 {
+    move || {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
+    }
+}
+
 /// Standard normal values (Box-Muller) from `seed`.
 pub fn normal<B: Backend, const D: usize>(shape: [usize; D], seed: u64) -> Tensor<B, D> {
     let mut rng = StdRng::seed_from_u64(seed);

@@ -14,6 +14,7 @@ use runtime::generate::Generator;
 use runtime::kernels::int8;
 use runtime::load::Weights;
 use runtime::quant::BlockType;
+use runtime::sampling::log_partition;
 use serde::Deserialize;
 
 /// Perplexity of the int8 path against llama.cpp's on the same weights: within 0.5%
@@ -70,9 +71,7 @@ fn score(generator: &Generator<FlexBackend>, ids: &[u32]) -> (Vec<Vec<f64>>, f64
     let mut rows = Vec::new();
     let result = generator
         .score(ids, |logits| {
-            let max = logits.iter().copied().fold(f32::NEG_INFINITY, f32::max) as f64;
-            let sum: f64 = logits.iter().map(|&l| (l as f64 - max).exp()).sum();
-            let norm = max + sum.ln();
+            let norm = log_partition(logits);
             rows.push(logits.iter().map(|&l| l as f64 - norm).collect());
         })
         .unwrap();

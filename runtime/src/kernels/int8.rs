@@ -326,11 +326,10 @@ fn check(ty: BlockType, rows: &[&[u8]], inputs: &Inputs) {
     );
     let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
     assert!(rows.iter().all(|row| row.len() >= row_bytes));
-    let made = match Format::of(ty) {
-        Some(Format::Blocks32) => match ty {
-            BlockType::Q8_0 => inputs.pair_sums.len() * 4,
-            _ => inputs.quads.len() / quad_stride(d_in) * d_in,
-        },
+    // What `Inputs::new` lays out for this type, in values.
+    let made = match ty {
+        BlockType::Q8_0 => inputs.pair_sums.len() * 4,
+        BlockType::Q4_0 => inputs.quads.len() / quad_stride(d_in) * d_in,
         _ => inputs.q256.len(),
     };
     assert_eq!(made, inputs.n * d_in, "inputs rounded for {ty}");

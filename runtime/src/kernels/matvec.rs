@@ -241,6 +241,7 @@ fn unpack(packed: u64) -> Range<usize> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::testing::uniform;
 
     /// Every row computed once and right, with the work split, stolen or not, including a
     /// product too small to split and row counts that leave rows outside the quarters.
@@ -300,7 +301,7 @@ mod tests {
     /// vectors and leave some over, shapes the threads split differently.
     #[test]
     fn batched_vectors_equal_each_alone() {
-        let mut next = random(0x9e37_79b9_7f4a_7c15);
+        let mut next = uniform(0x9e37_79b9_7f4a_7c15);
         for (d_in, d_out) in [(48, 1000), (576, 130), (37, 7), (64, 259)] {
             let bf16: Vec<half::bf16> = (0..d_in * d_out)
                 .map(|_| half::bf16::from_f32(next()))
@@ -342,21 +343,11 @@ mod tests {
         }
     }
 
-    /// Values in [-0.5, 0.5), from a xorshift generator seeded with `state`.
-    fn random(mut state: u64) -> impl FnMut() -> f32 {
-        move || {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-        }
-    }
-
     /// bf16 weights give, bit for bit, what their f32 values give: random values (sums that
     /// round differently in any other order), every shape the kernel splits differently.
     #[test]
     fn bf16_rows_equal_their_f32_values() {
-        let mut next = random(0x2545_f491_4f6c_dd1d);
+        let mut next = uniform(0x2545_f491_4f6c_dd1d);
         for (d_in, d_out) in [(48, 1000), (576, 130), (37, 7), (64, 259)] {
             let x: Vec<f32> = (0..d_in).map(|_| next()).collect();
             let bf16: Vec<half::bf16> = (0..d_in * d_out)

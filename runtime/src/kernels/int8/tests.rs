@@ -1,18 +1,9 @@
 use super::*;
-
-/// Values in [-0.5, 0.5), from a xorshift generator seeded with `state`.
-fn random(mut state: u64) -> impl FnMut() -> f32 {
-    move || {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        (state >> 40) as f32 / (1u64 << 24) as f32 - 0.5
-    }
-}
+use crate::testing::uniform;
 
 /// `rows` random rows of `d_in` quantized to `ty` (scales of every size, some values large).
 fn blocks(ty: BlockType, rows: usize, d_in: usize, seed: u64) -> Vec<u8> {
-    let mut next = random(seed);
+    let mut next = uniform(seed);
     let values: Vec<f32> = (0..rows * d_in)
         .map(|i| {
             next()
@@ -73,7 +64,7 @@ fn products_match_the_definition() {
         eprintln!("no AVX-512 VNNI here: the int8 kernels do not run");
         return;
     }
-    let mut next = random(0x9e37_79b9_7f4a_7c15);
+    let mut next = uniform(0x9e37_79b9_7f4a_7c15);
     for ty in TYPES {
         for d_in in [256, 512, 576, 1536] {
             if !runs(ty, d_in) {
@@ -115,7 +106,7 @@ fn batched_vectors_equal_each_alone() {
     if !available() {
         return;
     }
-    let mut next = random(0x2545_f491_4f6c_dd1d);
+    let mut next = uniform(0x2545_f491_4f6c_dd1d);
     let d_in = 512;
     for ty in TYPES {
         let weight = blocks(ty, 4, d_in, 7);

@@ -533,8 +533,7 @@ impl<B: KernelBackend> Generator<B> {
     }
 
     /// Perplexity of `ids` (no BOS added): exp of the mean negative log-likelihood of each
-    /// token after the first given the ones before it, accumulated in f64. With
-    /// [`Matmul::Int8`] the text runs a token at a time, through the kernels decoding uses.
+    /// token after the first given the ones before it, accumulated in f64.
     pub fn perplexity(&self, ids: &[u32]) -> Result<Perplexity, GenerateError> {
         self.score(ids, |_| ())
     }
@@ -543,6 +542,17 @@ impl<B: KernelBackend> Generator<B> {
     pub fn score(
         &self,
         ids: &[u32],
+        each: impl FnMut(&[f32]),
+    ) -> Result<Perplexity, GenerateError> {
+        self.score_in_chunks(ids, PREFILL_CHUNK, each)
+    }
+
+    /// [`Self::score`], running the text `chunk` tokens at a time: 1 takes the kernels a
+    /// token decodes with, more those of a prompt (which differ with [`Matmul::Int8`]).
+    pub fn score_in_chunks(
+        &self,
+        ids: &[u32],
+        chunk: usize,
         mut each: impl FnMut(&[f32]),
     ) -> Result<Perplexity, GenerateError> {
         if ids.len() < 2 {
@@ -559,13 +569,8 @@ impl<B: KernelBackend> Generator<B> {
         let mut cache = self.new_cache(ids.len())?;
         let mut nll = 0.0f64;
         let mut position = 0;
-        // Chunk by chunk, so only one chunk's logits are ever in memory. Int8 products run
-        // only where tokens decode (prompts stay exact), so they score a token at a time.
-        let chunk = match self.matmul {
-            Matmul::Exact => PREFILL_CHUNK,
-            Matmul::Int8 => 1,
-        };
-        for chunk in ids.chunks(chunk) {
+        // Chunk by chunk, so only one chunk's logits are ever in memory.
+        for chunk in ids.chunks(chunk.max(1)) {
             let logits = self.forward_logits(chunk, &mut cache, true)?;
             for row in logits.chunks_exact(vocab) {
                 each(row);

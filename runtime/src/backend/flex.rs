@@ -20,10 +20,10 @@ use super::{
 use crate::FlexBackend;
 use crate::kernels::attention::{CausalAttention, Matrix};
 use crate::kernels::layer::{self, KvSlot};
-use crate::kernels::linear;
 use crate::kernels::matvec::{self, Rows};
 use crate::kernels::simd::{self, Stored};
 use crate::kernels::team;
+use crate::kernels::{int8, linear};
 use crate::quant::BlockType;
 use crate::rope::RopeRows;
 
@@ -358,14 +358,18 @@ impl KernelBackend for FlexBackend {
             let x = flex(x).to_contiguous();
             let x: &[f32] = x.storage();
             let d_in = x.len() / (batch * seq).max(1);
-            // A prompt's products are exact whatever `matmul` says: an int8 product of 4-bit
-            // blocks takes two instructions per 64 multiply-adds (`vpmaddubsw`, `vpdpwssd`),
-            // as many as f32 FMAs, so rounding the inputs buys nothing there.
             let outs: Vec<Vec<f32>> = if batch * seq <= MATVEC_ROWS {
                 matvec::matvecs(&rows, x, d_in, matmul)
             } else {
                 rows.iter()
-                    .map(|&w| linear::linear_rows(x, w, d_in))
+                    .map(|&w| match w {
+                        Rows::Blocks(ty, blocks)
+                            if matmul == Matmul::Int8 && int8::rows::runs(ty, d_in) =>
+                        {
+                            int8::rows::linear_rows(x, ty, blocks, d_in)
+                        }
+                        w => linear::linear_rows(x, w, d_in),
+                    })
                     .collect()
             };
             let mut outs = outs.into_iter().map(|out| {

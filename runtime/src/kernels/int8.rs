@@ -23,6 +23,8 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::quant::BlockType;
 
+pub mod rows;
+
 /// How products over quantized weights take their inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Matmul {
@@ -243,6 +245,16 @@ fn quad_stride(d_in: usize) -> usize {
 /// `x` rounded into `q` as ggml rounds a block of inputs (`d = max |x| / 127`, `q =
 /// round(x / d)`); returns `d`.
 fn round_block(x: &[f32], q: &mut [i8]) -> f32 {
+    #[cfg(target_arch = "x86_64")]
+    if x.len().is_multiple_of(16) && q.len() == x.len() && available() {
+        // SAFETY: `available` checked the features; the lengths are the kernel's.
+        return unsafe { avx512::round_block(x, q) };
+    }
+    round_scalar(x, q)
+}
+
+/// [`round_block`] one value at a time.
+fn round_scalar(x: &[f32], q: &mut [i8]) -> f32 {
     let max = x.iter().fold(0.0f32, |m, x| m.max(x.abs()));
     if max == 0.0 {
         q.fill(0);
@@ -341,6 +353,40 @@ mod avx512 {
 
     use super::Inputs;
     use crate::quant::BlockType;
+
+    /// `super::round_block`, sixteen values at a time: the same maximum (which any order
+    /// gives), the same products, the same rounding (to nearest, ties to even).
+    ///
+    /// # Safety
+    /// AVX-512F and BW present; `x.len()` a multiple of 16 and `q` as long.
+    #[target_feature(enable = "avx512f,avx512bw")]
+    pub(super) unsafe fn round_block(x: &[f32], q: &mut [i8]) -> f32 {
+        assert!(x.len().is_multiple_of(16) && q.len() == x.len());
+        let mut max = _mm512_setzero_ps();
+        for x in x.chunks_exact(16) {
+            // SAFETY: 16 values read from a chunk of 16.
+            let x = unsafe { _mm512_loadu_ps(x.as_ptr()) };
+            // A NaN input is skipped, as `f32::max` skips it.
+            max = _mm512_max_ps(_mm512_abs_ps(x), max);
+        }
+        let max = _mm512_reduce_max_ps(max);
+        if max == 0.0 {
+            q.fill(0);
+            return 0.0;
+        }
+        let d = max / 127.0;
+        let inverse = _mm512_set1_ps(1.0 / d);
+        for (x, q) in x.chunks_exact(16).zip(q.chunks_exact_mut(16)) {
+            // SAFETY: 16 values read from a chunk of 16, 16 bytes written to one of 16.
+            unsafe {
+                let v = _mm512_mul_ps(_mm512_loadu_ps(x.as_ptr()), inverse);
+                // A NaN becomes 0, as `as i8` makes it.
+                let v = _mm512_maskz_cvtps_epi32(_mm512_cmp_ps_mask::<_CMP_ORD_Q>(v, v), v);
+                _mm_storeu_si128(q.as_mut_ptr().cast(), _mm512_cvtsepi32_epi8(v));
+            }
+        }
+        d
+    }
 
     /// # Safety
     /// As `super::four` checks.

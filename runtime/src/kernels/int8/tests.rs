@@ -183,3 +183,130 @@ fn speed() {
         }
     }
 }
+
+/// A prompt's products through `rows::linear_rows` equal the definition (each row rounded
+/// as `round_block` rounds it, per 32 or per 256, times the decoded weights, summed in
+/// f64) up to the order of f32 additions; and each row's result is the one it gets alone,
+/// to the bit, at 1, 2 and 3 threads: shapes with partial tiles, panels, groups of panels
+/// and (for the types of 32) steps.
+#[test]
+fn prompt_rows() {
+    if !available() {
+        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    for ty in TYPES {
+        let per = match Format::of(ty).expect("an int8 type") {
+            Format::Blocks32 => 32,
+            Format::Blocks256 => 256,
+        };
+        let shapes = match per {
+            32 => [(13, 576, 70), (25, 64, 130), (30, 768, 16)],
+            _ => [(13, 512, 70), (25, 256, 130), (30, 768, 16)],
+        };
+        for (rows, d_in, d_out) in shapes {
+            let weight = blocks(ty, d_out, d_in, rows as u64);
+            let mut next = uniform(5 + rows as u64);
+            let x: Vec<f32> = (0..rows * d_in)
+                .map(|i| next() * if i % 53 == 0 { 30.0 } else { 1.0 })
+                .collect();
+            let row_bytes = ty.row_bytes(d_in).expect("whole blocks");
+            let mut w = vec![0.0f32; d_in];
+            let mut q = vec![0i8; d_in];
+            let got = rows::linear_rows(&x, ty, &weight, d_in);
+            for r in 0..rows {
+                let x = &x[r * d_in..][..d_in];
+                let scales: Vec<f32> = (x.chunks_exact(per).zip(q.chunks_exact_mut(per)))
+                    .map(|(x, q)| round_block(x, q))
+                    .collect();
+                for j in 0..d_out {
+                    ty.decode(&weight[j * row_bytes..][..row_bytes], &mut w);
+                    let terms = (0..d_in)
+                        .map(|k| f64::from(w[k]) * f64::from(q[k]) * f64::from(scales[k / per]));
+                    let (want, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                    let value = f64::from(got[r * d_out + j]);
+                    assert!(
+                        (value - want).abs() <= 1e-5 * size,
+                        "{ty} {rows}x{d_in}x{d_out}: row {r} column {j}: {value} vs {want}"
+                    );
+                }
+            }
+            for threads in [1, 2, 3] {
+                crate::in_thread_pool(Some(threads), || {
+                    let again = rows::linear_rows(&x, ty, &weight, d_in);
+                    assert!(
+                        again
+                            .iter()
+                            .zip(&got)
+                            .all(|(a, b)| a.to_bits() == b.to_bits())
+                    );
+                    for r in [0, rows / 2, rows - 1] {
+                        let alone = rows::linear_rows(&x[r * d_in..][..d_in], ty, &weight, d_in);
+                        let row = &got[r * d_out..][..d_out];
+                        assert!(
+                            alone
+                                .iter()
+                                .zip(row)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{ty}: row {r} alone at {threads} threads"
+                        );
+                    }
+                })
+                .expect("a thread pool");
+            }
+        }
+    }
+}
+
+/// Multiply-adds per second of `rows::linear_rows` on a prompt of 512 at 1B's widest
+/// shape: `cargo test --release -p runtime prompt_speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn prompt_speed() {
+    let (rows, d_in, d_out) = (512, 2048, 8192);
+    let x: Vec<f32> = (0..rows * d_in).map(|i| (i as f32).sin()).collect();
+    for ty in TYPES {
+        let weight = blocks(ty, d_out, d_in, 3);
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let start = std::time::Instant::now();
+            std::hint::black_box(rows::linear_rows(&x, ty, &weight, d_in));
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        let macs = (rows * d_in * d_out) as f64;
+        println!(
+            "{ty}: {:.1} ms, {:.1} GMAC/s",
+            best * 1e3,
+            macs / best / 1e9
+        );
+    }
+}
+
+/// The vectorized rounding gives the scalar one's scale and integers, bit for bit, on
+/// values of every size, halves that tie (2.5 * d and the like), zeros, a NaN and an infinity.
+#[test]
+fn rounding_alike() {
+    let mut next = uniform(17);
+    for case in 0..200 {
+        let mut x: Vec<f32> = (0..256).map(|_| next() * (case as f32 + 0.01)).collect();
+        if case % 3 == 0 {
+            // Exact ties once scaled: max |x| = 127 makes d = 1.
+            x[0] = 127.0;
+            for (i, v) in x.iter_mut().enumerate().skip(1) {
+                *v = (i % 40) as f32 - 19.5;
+            }
+        }
+        if case == 4 {
+            x.fill(0.0);
+        }
+        if case == 5 {
+            x[7] = f32::NAN;
+        }
+        if case == 7 {
+            x[9] = f32::INFINITY;
+        }
+        let (mut a, mut b) = (vec![0i8; 256], vec![0i8; 256]);
+        let (da, db) = (round_block(&x, &mut a), round_scalar(&x, &mut b));
+        assert_eq!((da.to_bits(), &a), (db.to_bits(), &b), "case {case}");
+    }
+}

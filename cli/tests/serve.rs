@@ -441,9 +441,58 @@ fn malformed_requests_get_status_and_envelope() {
         (
             "POST",
             chat_path,
-            chat(json!({"frequency_penalty": 0.5})),
+            chat(json!({"frequency_penalty": 2.5})),
             400,
             "frequency_penalty",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(json!({"presence_penalty": -3})),
+            400,
+            "presence_penalty",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(json!({"presence_penalty": "high"})),
+            400,
+            "presence_penalty",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(json!({"logit_bias": {"the": 5}})),
+            400,
+            "logit_bias",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(json!({"logit_bias": {"5": 101}})),
+            400,
+            "logit_bias",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(json!({"logit_bias": {"5": "up"}})),
+            400,
+            "logit_bias",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(json!({"logit_bias": {"4294967295": 1}})),
+            400,
+            "logit_bias",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(json!({"logit_bias": [1, 2]})),
+            400,
+            "logit_bias",
         ),
         (
             "POST",
@@ -1035,4 +1084,37 @@ fn a_tiny_temperature_is_greedy() {
     for temperature in [1e-40, 1e-45, 1e-30] {
         assert_eq!(answer(temperature), greedy, "temperature {temperature}");
     }
+}
+
+/// `logit_bias` +100 forces a token and -100 bans one (greedy); a frequency penalty changes
+/// a greedy answer and gives the same answer twice. The formulas themselves are
+/// `runtime::sampling`'s tests.
+#[test]
+fn biases_and_penalties_shape_the_answer() {
+    let Some(dir) = artifact_dir() else { return };
+    let tokenizer = runtime::tokenizer::Tokenizer::from_dir(std::path::Path::new(&dir)).unwrap();
+    let server = Server::start(&dir, &[]);
+    let complete = |extra: Value| {
+        let body = with(
+            json!({"prompt": "The sun rises in the", "max_tokens": 24, "temperature": 0}),
+            extra,
+        );
+        let (status, v) = server.post("/v1/completions", &body);
+        assert_eq!(status, 200, "{v}");
+        v["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let sun = tokenizer.encode(" sun").unwrap();
+    assert_eq!(sun.len(), 1, "{sun:?}");
+    let forced = complete(json!({"max_tokens": 3, "logit_bias": {sun[0].to_string(): 100}}));
+    assert_eq!(forced, " sun sun sun");
+    let greedy = complete(json!({}));
+    let first = tokenizer.encode(&greedy).unwrap()[0];
+    let banned = complete(json!({"logit_bias": {first.to_string(): -100}}));
+    assert_ne!(tokenizer.encode(&banned).unwrap()[0], first, "{banned:?}");
+    let penalized = complete(json!({"frequency_penalty": 2.0, "presence_penalty": 0.5}));
+    assert_ne!(penalized, greedy);
+    assert_eq!(
+        complete(json!({"frequency_penalty": 2.0, "presence_penalty": 0.5})),
+        penalized
+    );
 }

@@ -43,6 +43,10 @@ pub enum GenerateError {
     Config(#[from] ConfigError),
     #[error("token id {id} is outside the model's vocabulary (vocab_size {vocab_size})")]
     TokenOutOfRange { id: u32, vocab_size: usize },
+    #[error(
+        "logit bias for token id {id}, outside the model's vocabulary (vocab_size {vocab_size})"
+    )]
+    BiasOutOfRange { id: u32, vocab_size: usize },
     #[error("{0}")]
     Backend(String),
     #[error("a step before the sequence's prompt has all run (Generator::prefill)")]
@@ -311,6 +315,12 @@ impl<B: KernelBackend> Generator<B> {
             });
         }
         self.check_ids(prompt)?;
+        let vocab_size = self.config.vocab_size;
+        if let Some(&(id, _)) =
+            (options.sampling.logit_bias.iter()).find(|&&(id, _)| id as usize >= vocab_size)
+        {
+            return Err(GenerateError::BiasOutOfRange { id, vocab_size });
+        }
         let capacity = context.min(prompt.len() + options.max_new_tokens);
         let (cache, reused) = match reuse {
             Some((mut cache, ids)) if cache.capacity() >= capacity => {

@@ -1,6 +1,9 @@
 //! Choosing the next token from the logits: greedy, or temperature sampling narrowed by
-//! top-k, top-p and min-p, after an optional repetition penalty. Outside the model, as in
-//! llama2.c and llama-burn.
+//! top-k, top-p and min-p, after optional biases (OpenAI's `logit_bias`), a repetition
+//! penalty and OpenAI's presence and frequency penalties. Outside the model, as in llama2.c
+//! and llama-burn.
+
+use std::collections::HashMap;
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -26,6 +29,16 @@ pub struct SamplingParams {
     /// CTRL-style penalty on tokens seen in the last `repeat_last_n` tokens (1: none).
     pub repeat_penalty: f32,
     pub repeat_last_n: usize,
+    /// OpenAI's presence penalty, in [-2, 2]: taken off the logit of every token generated
+    /// so far, once (0: none).
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty, in [-2, 2]: taken off a token's logit once per time it
+    /// has been generated so far (0: none).
+    pub frequency_penalty: f32,
+    /// Added to these tokens' logits before anything else, each in [-100, 100] (OpenAI's
+    /// `logit_bias`: -100 all but bans a token, 100 all but forces it). Ids past the logits
+    /// are ignored: the caller checks them against its vocabulary.
+    pub logit_bias: Vec<(u32, f32)>,
     pub seed: u64,
 }
 
@@ -38,6 +51,9 @@ impl Default for SamplingParams {
             min_p: 0.0,
             repeat_penalty: 1.0,
             repeat_last_n: 64,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
             seed: 299_792_458,
         }
     }
@@ -62,6 +78,21 @@ impl SamplingParams {
                 self.repeat_penalty
             ));
         }
+        for (name, value) in [
+            ("presence-penalty", self.presence_penalty),
+            ("frequency-penalty", self.frequency_penalty),
+        ] {
+            if !(finite(value) && (-2.0..=2.0).contains(&value)) {
+                return Err(format!("{name} {value} must be in [-2, 2]"));
+            }
+        }
+        if let Some((id, bias)) = (self.logit_bias.iter())
+            .find(|(_, bias)| !(finite(*bias) && (-100.0..=100.0).contains(bias)))
+        {
+            return Err(format!(
+                "logit-bias {bias} for token {id} must be in [-100, 100]"
+            ));
+        }
         Ok(())
     }
 }
@@ -70,20 +101,52 @@ impl SamplingParams {
 pub struct Sampler {
     params: SamplingParams,
     rng: StdRng,
+    /// How many times each token has been picked (for the presence and frequency
+    /// penalties: OpenAI counts the tokens generated, not the prompt's).
+    picked: HashMap<u32, u32>,
 }
 
 impl Sampler {
     pub fn new(params: SamplingParams) -> Self {
         let rng = StdRng::seed_from_u64(params.seed);
-        Self { params, rng }
+        Self {
+            params,
+            rng,
+            picked: HashMap::new(),
+        }
     }
 
-    /// The next token, given the logits of the last position and the tokens so far.
+    /// The next token, given the logits of the last position and the tokens so far: the
+    /// logits biased, then penalized (repetition over `history`, presence and frequency
+    /// over the tokens this sampler picked), then the pick.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
         let p = &self.params;
+        for &(id, bias) in &p.logit_bias {
+            if let Some(logit) = logits.get_mut(id as usize) {
+                *logit += bias;
+            }
+        }
         if p.repeat_penalty != 1.0 {
             apply_repeat_penalty(logits, history, p.repeat_penalty, p.repeat_last_n);
         }
+        let penalized = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        if penalized {
+            for (&id, &count) in &self.picked {
+                if let Some(logit) = logits.get_mut(id as usize) {
+                    *logit -= p.frequency_penalty * count as f32 + p.presence_penalty;
+                }
+            }
+        }
+        let next = self.pick(logits);
+        if penalized {
+            *self.picked.entry(next).or_default() += 1;
+        }
+        next
+    }
+
+    /// Greedy, or a draw from [`candidates`].
+    fn pick(&mut self, logits: &[f32]) -> u32 {
+        let p = &self.params;
         if p.temperature == 0.0 {
             return argmax(logits);
         }
@@ -343,6 +406,115 @@ mod tests {
         assert_eq!(logits, [1.0, -4.0, 1.0]);
     }
 
+    /// OpenAI's definition, step by step: the logits the sampler picks from are the model's
+    /// plus the biases, minus `frequency * count + presence * (count > 0)` over the tokens
+    /// picked before (not the prompt's). Greedy picks are checked against the argmax of
+    /// that, and sampled ones against the sampler given those logits directly.
+    #[test]
+    fn biases_and_penalties_follow_their_definitions() {
+        let mut rng = StdRng::seed_from_u64(3);
+        for case in 0..200 {
+            let vocab = 12;
+            let params = SamplingParams {
+                temperature: if case % 2 == 0 { 0.0 } else { 0.9 },
+                presence_penalty: rng.random_range(-2.0..=2.0),
+                frequency_penalty: rng.random_range(-2.0..=2.0),
+                logit_bias: vec![
+                    (rng.random_range(0..vocab), rng.random_range(-5.0..5.0)),
+                    (99, 1.0),
+                ],
+                seed: case,
+                ..Default::default()
+            };
+            let mut sampler = Sampler::new(params.clone());
+            let mut plain = Sampler::new(SamplingParams {
+                presence_penalty: 0.0,
+                frequency_penalty: 0.0,
+                logit_bias: Vec::new(),
+                ..params.clone()
+            });
+            let prompt = [1u32, 1, 2];
+            let mut history = prompt.to_vec();
+            let mut counts = [0u32; 12];
+            for _ in 0..30 {
+                let logits: Vec<f32> = (0..vocab).map(|_| rng.random_range(-3.0..3.0)).collect();
+                let mut want = logits.clone();
+                for &(id, bias) in &params.logit_bias {
+                    if let Some(w) = want.get_mut(id as usize) {
+                        *w += bias;
+                    }
+                }
+                for (w, &c) in want.iter_mut().zip(&counts) {
+                    let seen = if c > 0 { 1.0 } else { 0.0 };
+                    *w -= params.frequency_penalty * c as f32 + params.presence_penalty * seen;
+                }
+                let got = sampler.sample(&mut logits.clone(), &history);
+                assert_eq!(
+                    got,
+                    plain.sample(&mut want.clone(), &history),
+                    "case {case}"
+                );
+                if params.temperature == 0.0 {
+                    assert_eq!(got, argmax(&want), "case {case}");
+                }
+                counts[got as usize] += 1;
+                history.push(got);
+            }
+        }
+        // +100 all but forces a token, -100 all but bans one.
+        let logits = [1.0f32, 4.0, 2.0];
+        let forced = SamplingParams {
+            logit_bias: vec![(0, 100.0)],
+            ..Default::default()
+        };
+        assert_eq!(Sampler::new(forced).sample(&mut logits.clone(), &[]), 0);
+        let banned = SamplingParams {
+            logit_bias: vec![(1, -100.0)],
+            ..Default::default()
+        };
+        assert_eq!(Sampler::new(banned).sample(&mut logits.clone(), &[]), 2);
+    }
+
+    #[test]
+    fn penalties_and_biases_out_of_range_are_refused_by_name() {
+        let check = |params: SamplingParams, name: &str| {
+            let error = params.validate().unwrap_err();
+            assert!(error.starts_with(name), "{error}");
+        };
+        for v in [2.5, -2.01, f32::NAN, f32::INFINITY] {
+            check(
+                SamplingParams {
+                    presence_penalty: v,
+                    ..Default::default()
+                },
+                "presence-penalty",
+            );
+            check(
+                SamplingParams {
+                    frequency_penalty: v,
+                    ..Default::default()
+                },
+                "frequency-penalty",
+            );
+        }
+        for v in [100.5, -101.0, f32::NAN] {
+            check(
+                SamplingParams {
+                    logit_bias: vec![(3, v)],
+                    ..Default::default()
+                },
+                "logit-bias",
+            );
+        }
+        let edges = SamplingParams {
+            presence_penalty: -2.0,
+            frequency_penalty: 2.0,
+            logit_bias: vec![(0, -100.0), (1, 100.0)],
+            ..Default::default()
+        };
+        assert!(edges.validate().is_ok());
+    }
+
     /// `ln` of a distribution, as logits.
     fn logits_of(probs: &[f64]) -> Vec<f32> {
         probs.iter().map(|p| p.ln() as f32).collect()
@@ -587,6 +759,7 @@ mod tests {
             repeat_penalty,
             repeat_last_n: rng.random_range(0..8),
             seed: rng.random(),
+            ..Default::default()
         }
     }
 

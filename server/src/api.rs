@@ -286,16 +286,6 @@ fn common(
             "n other than 1 is not supported",
         ));
     }
-    if take::<Value>(&mut fields, "logit_bias")?
-        .is_some_and(|v| !(v.is_null() || v == Value::Object(Map::new())))
-    {
-        return Err(unsupported("logit_bias"));
-    }
-    for field in ["frequency_penalty", "presence_penalty"] {
-        if take::<f64>(&mut fields, field)?.is_some_and(|v| v != 0.0) {
-            return Err(unsupported(field));
-        }
-    }
     let stop = match take(&mut fields, "stop")? {
         None => Vec::new(),
         Some(Stop::One(stop)) => vec![stop],
@@ -335,8 +325,10 @@ fn common(
     })
 }
 
-/// `temperature`, `top_p` and `seed`, each checked by name. OpenAI's defaults: temperature 1,
-/// top_p 1; no seed gives a fresh one.
+/// `temperature`, `top_p`, `presence_penalty`, `frequency_penalty`, `logit_bias` and `seed`,
+/// each checked by name. OpenAI's defaults: temperature 1, top_p 1, no penalty or bias; no
+/// seed gives a fresh one. `logit_bias`'s ids are checked against the vocabulary once the
+/// tokenizer is at hand.
 fn sampling(fields: &mut Map<String, Value>) -> Result<SamplingParams, ApiError> {
     let temperature: f32 = take(fields, "temperature")?.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
@@ -352,15 +344,53 @@ fn sampling(fields: &mut Map<String, Value>) -> Result<SamplingParams, ApiError>
             format!("top_p {top_p} must be in (0, 1]"),
         ));
     }
+    let mut penalty = |field: &'static str| -> Result<f32, ApiError> {
+        let value: f32 = take(fields, field)?.unwrap_or(0.0);
+        if !(-2.0..=2.0).contains(&value) {
+            return Err(ApiError::invalid_field(
+                field,
+                format!("{field} {value} must be in [-2, 2]"),
+            ));
+        }
+        Ok(value)
+    };
+    let presence_penalty = penalty("presence_penalty")?;
+    let frequency_penalty = penalty("frequency_penalty")?;
     let sampling = SamplingParams {
         temperature,
         top_p,
+        presence_penalty,
+        frequency_penalty,
+        logit_bias: logit_bias(fields)?,
         seed: seed(fields)?.unwrap_or_else(rand::random),
         ..SamplingParams::default()
     };
     // Whatever else the sampler refuses (nothing the checks above let through, today).
     sampling.validate().map_err(ApiError::invalid)?;
     Ok(sampling)
+}
+
+/// `logit_bias`: an object from token ids (as strings, JSON's keys) to biases in [-100,
+/// 100], in id order.
+fn logit_bias(fields: &mut Map<String, Value>) -> Result<Vec<(u32, f32)>, ApiError> {
+    let bias: Map<String, Value> = take(fields, "logit_bias")?.unwrap_or_default();
+    let invalid = |message: String| ApiError::invalid_field("logit_bias", message);
+    let mut biases = (bias.into_iter())
+        .map(|(id, value)| {
+            let id: u32 = (id.parse())
+                .map_err(|_| invalid(format!("logit_bias key {id:?} is not a token id")))?;
+            let bias = (value.as_f64())
+                .filter(|bias| (-100.0..=100.0).contains(bias))
+                .ok_or_else(|| {
+                    invalid(format!(
+                        "logit_bias {value} for token {id} must be a number in [-100, 100]"
+                    ))
+                })?;
+            Ok((id, bias as f32))
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    biases.sort_by_key(|&(id, _)| id);
+    Ok(biases)
 }
 
 /// `seed`: OpenAI's spec makes it an int64, so negative seeds are seeds too (taken as

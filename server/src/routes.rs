@@ -174,6 +174,18 @@ async fn start(
         Kind::Completion => api::completion(&body)?,
     };
     check_model(state, &request)?;
+    let max = loaded.tokenizer.max_id();
+    if let Some((id, _)) = request
+        .sampling
+        .logit_bias
+        .iter()
+        .find(|&&(id, _)| id > max)
+    {
+        return Err(ApiError::invalid_field(
+            "logit_bias",
+            format!("logit_bias: token id {id} is not in the vocabulary (0 to {max})"),
+        ));
+    }
     let tokenizer = loaded.tokenizer.clone();
     let prompts = request.prompts.clone();
     let specials = state.options.content_specials;

@@ -134,6 +134,18 @@ struct SamplingArgs {
     /// Window of the repetition penalty, in tokens.
     #[arg(long, default_value_t = 64)]
     repeat_last_n: usize,
+    /// OpenAI's presence penalty, in [-2, 2]: taken off the logit of every token generated
+    /// so far, once (0: none).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// OpenAI's frequency penalty, in [-2, 2]: taken off a token's logit once per time it
+    /// has been generated so far (0: none).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
+    /// ID=BIAS: add BIAS (-100 to 100) to token ID's logit before sampling (repeatable; -100
+    /// all but bans the token, 100 all but forces it), as OpenAI's logit_bias.
+    #[arg(long, value_parser = logit_bias, allow_hyphen_values = true)]
+    logit_bias: Vec<(u32, f32)>,
     /// Random seed: the same seed gives the same text.
     #[arg(long, default_value_t = 299_792_458)]
     seed: u64,
@@ -141,6 +153,14 @@ struct SamplingArgs {
     /// newline, tab and carriage return, `\\` as a backslash, as llama.cpp reads them.
     #[arg(long, value_parser = unescape)]
     stop: Vec<String>,
+}
+
+/// `--logit-bias ID=BIAS`.
+fn logit_bias(text: &str) -> Result<(u32, f32), String> {
+    let (id, bias) = (text.split_once('=')).ok_or_else(|| format!("{text:?} is not ID=BIAS"))?;
+    let id = (id.trim().parse()).map_err(|_| format!("{id:?} is not a token id"))?;
+    let bias = (bias.trim().parse()).map_err(|_| format!("{bias:?} is not a number"))?;
+    Ok((id, bias))
 }
 
 impl SamplingArgs {
@@ -152,6 +172,9 @@ impl SamplingArgs {
             min_p: self.min_p,
             repeat_penalty: self.repeat_penalty,
             repeat_last_n: self.repeat_last_n,
+            presence_penalty: self.presence_penalty,
+            frequency_penalty: self.frequency_penalty,
+            logit_bias: self.logit_bias.clone(),
             seed: self.seed,
         };
         sampling

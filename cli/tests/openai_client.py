@@ -105,11 +105,19 @@ with ThreadPoolExecutor(4) as pool:
         range(4)))
 assert answers == [answer] * 4, answers
 
-try:
-    client.chat.completions.create(model=model, messages=messages, n=2)
-    raise AssertionError("n=2 was accepted")
-except openai.BadRequestError as e:
-    assert "n other than 1" in str(e), e
+# n choices, each the one n=1 gives with the seed plus its index; the penalties and
+# logit_bias are accepted as the client sends them (the bias: keys as strings).
+several = client.chat.completions.create(model=model, messages=messages, n=2, seed=7,
+                                         temperature=0.9, max_tokens=12)
+assert [c.index for c in several.choices] == [0, 1], several
+for j, choice in enumerate(several.choices):
+    alone = client.chat.completions.create(model=model, messages=messages, seed=7 + j,
+                                           temperature=0.9, max_tokens=12)
+    assert choice.message.content == alone.choices[0].message.content, (j, several, alone)
+biased = client.chat.completions.create(model=model, messages=messages, max_tokens=8,
+                                        temperature=0, presence_penalty=0.5,
+                                        frequency_penalty=1.0, logit_bias={198: -100})
+assert "\n" not in biased.choices[0].message.content, biased
 
 try:
     openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()

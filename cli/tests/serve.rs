@@ -403,13 +403,9 @@ fn malformed_requests_get_status_and_envelope() {
             400,
             "image_url",
         ),
-        (
-            "POST",
-            chat_path,
-            chat(json!({"n": 2})),
-            400,
-            "n other than 1",
-        ),
+        ("POST", chat_path, chat(json!({"n": 0})), 400, "n must be"),
+        ("POST", chat_path, chat(json!({"n": 99})), 400, "--parallel"),
+        ("POST", chat_path, chat(json!({"n": -1})), 400, "n"),
         (
             "POST",
             chat_path,
@@ -1117,4 +1113,70 @@ fn biases_and_penalties_shape_the_answer() {
         complete(json!({"frequency_penalty": 2.0, "presence_penalty": 0.5})),
         penalized
     );
+}
+
+/// `n` choices: choice j is the answer `n: 1` gets with the seed plus j (the prompt run
+/// once, each choice from a copy of its cache), streamed or not; the prompt's tokens are
+/// counted once, the choices' summed; a completion's prompts each get n, prompt-major.
+#[test]
+fn n_choices_are_the_seeded_single_answers() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &["--parallel", "4"]);
+    let body = |n: usize, seed: u64| {
+        json!({"messages": [{"role": "user", "content": PROMPTS[1]}], "max_tokens": 16,
+               "temperature": 1.0, "seed": seed, "n": n})
+    };
+    let (status, v) = server.post("/v1/chat/completions", &body(3, 11));
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 3);
+    let mut completion_tokens = 0;
+    let mut texts = Vec::new();
+    for (j, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], j);
+        let (status, alone) = server.post("/v1/chat/completions", &body(1, 11 + j as u64));
+        assert_eq!(status, 200, "{alone}");
+        assert_eq!(
+            choice["message"], alone["choices"][0]["message"],
+            "choice {j}"
+        );
+        assert_eq!(v["usage"]["prompt_tokens"], alone["usage"]["prompt_tokens"]);
+        completion_tokens += alone["usage"]["completion_tokens"].as_u64().unwrap();
+        texts.push(choice["message"]["content"].as_str().unwrap().to_string());
+    }
+    assert_eq!(v["usage"]["completion_tokens"], completion_tokens);
+    assert!(texts[0] != texts[1] || texts[1] != texts[2], "{texts:?}");
+    // Streamed: each choice's deltas, by index, join to its text.
+    let mut streamed = body(3, 11);
+    streamed["stream"] = json!(true);
+    let events = server.stream("/v1/chat/completions", &streamed);
+    let mut joined = vec![String::new(); 3];
+    for chunk in chunks_of(&events) {
+        for choice in chunk["choices"].as_array().unwrap() {
+            let index = choice["index"].as_u64().unwrap() as usize;
+            if let Some(piece) = choice["delta"]["content"].as_str() {
+                joined[index].push_str(piece);
+            }
+        }
+    }
+    assert_eq!(joined, texts);
+    // Completions: two prompts, two choices each.
+    let (status, v) = server.post(
+        "/v1/completions",
+        &json!({"prompt": ["Once upon a time", "The sea"], "max_tokens": 8,
+                "temperature": 0.9, "seed": 5, "n": 2}),
+    );
+    assert_eq!(status, 200, "{v}");
+    let choices = v["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], i);
+        let prompt = ["Once upon a time", "The sea"][i / 2];
+        let (_, alone) = server.post(
+            "/v1/completions",
+            &json!({"prompt": prompt, "max_tokens": 8, "temperature": 0.9,
+                    "seed": 5 + (i % 2) as u64}),
+        );
+        assert_eq!(choice["text"], alone["choices"][0]["text"], "choice {i}");
+    }
 }

@@ -51,6 +51,8 @@ pub enum GenerateError {
     Backend(String),
     #[error("a step before the sequence's prompt has all run (Generator::prefill)")]
     NotPrefilled,
+    #[error("a sequence forks only before its first token (Generator::fork)")]
+    Forked,
 }
 
 /// Why generation ended.
@@ -379,6 +381,46 @@ impl<B: KernelBackend> Generator<B> {
         }
         s.logits = self.forward_logits_wanted(ids, &mut s.cache, WantedLogits::Last)?;
         Ok(true)
+    }
+
+    /// Another generation from `sequence`'s prompt, sampled with `seed`: its cache a copy
+    /// of the prompt's (which is not run again), its first token drawn from the same logits.
+    /// How OpenAI's `n` gets several choices from one prompt. Only between the prompt and
+    /// the first token: once `sequence` has generated a token, [`GenerateError::Forked`].
+    pub fn fork<'t>(
+        &self,
+        tokenizer: &'t Tokenizer,
+        sequence: &Sequence<'_, B>,
+        seed: u64,
+    ) -> Result<Sequence<'t, B>, GenerateError> {
+        let s = sequence;
+        if s.prompt_left() > 0 || s.logits.is_empty() {
+            return Err(GenerateError::NotPrefilled);
+        }
+        if !s.tokens.is_empty() || s.stop_reason.is_some() {
+            return Err(GenerateError::Forked);
+        }
+        let started = Instant::now();
+        Ok(Sequence {
+            cache: s.cache.fork(s.cache.len(), s.capacity),
+            capacity: s.capacity,
+            reused: s.reused,
+            sampler: s.sampler.reseeded(seed),
+            history: s.history.clone(),
+            prompt_tokens: s.prompt_tokens,
+            tokens: Vec::new(),
+            stream: tokenizer.decode_stream(),
+            text: StopText::new(s.text.stops.clone()),
+            max_new_tokens: s.max_new_tokens,
+            logits: s.logits.clone(),
+            logprobs_top: s.logprobs_top,
+            logprobs: Vec::new(),
+            stop_reason: None,
+            started,
+            prefill: Duration::ZERO,
+            decode_started: started,
+            decode: Duration::ZERO,
+        })
     }
 
     /// Samples the sequence's next token, passes its text (what is complete) to `on_text`,

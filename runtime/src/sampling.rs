@@ -116,6 +116,14 @@ impl Sampler {
         }
     }
 
+    /// A new sampler with these parameters but `seed` (another choice of the same request).
+    pub fn reseeded(&self, seed: u64) -> Self {
+        Self::new(SamplingParams {
+            seed,
+            ..self.params.clone()
+        })
+    }
+
     /// The next token, given the logits of the last position and the tokens so far: the
     /// logits biased, then penalized (repetition over `history`, presence and frequency
     /// over the tokens this sampler picked), then the pick.

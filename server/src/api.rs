@@ -21,7 +21,7 @@ pub const MAX_PROMPTS: usize = 64;
 /// What either endpoint asks to generate, before its prompt is tokenized.
 #[derive(Debug, Clone)]
 pub struct Request {
-    /// One per choice: a chat has one; a completion lists one or more.
+    /// `n` choices each: a chat has one; a completion lists one or more.
     pub prompts: Vec<Prompt>,
     /// At least 1 when given.
     pub max_tokens: Option<usize>,
@@ -38,6 +38,9 @@ pub struct Request {
     /// Kept caches are shared only between requests with the same salt (and API key), as
     /// vLLM's `cache_salt`.
     pub cache_salt: Option<String>,
+    /// Choices per prompt (OpenAI's `n`), each sampled with the request's seed plus its
+    /// index; the prompt runs once.
+    pub n: usize,
 }
 
 /// The prompt: a conversation for the chat template, plain text, or token ids.
@@ -279,12 +282,9 @@ fn common(
         ));
     }
     let include_usage = options.and_then(|o| o.include_usage).unwrap_or(false);
-    let n: Option<u32> = take(&mut fields, "n")?;
-    if n.is_some_and(|n| n != 1) {
-        return Err(ApiError::invalid_field(
-            "n",
-            "n other than 1 is not supported",
-        ));
+    let n: usize = take(&mut fields, "n")?.unwrap_or(1);
+    if n == 0 {
+        return Err(ApiError::invalid_field("n", "n must be at least 1"));
     }
     let stop = match take(&mut fields, "stop")? {
         None => Vec::new(),
@@ -322,6 +322,7 @@ fn common(
         model,
         logprobs,
         cache_salt,
+        n,
     })
 }
 

@@ -57,6 +57,17 @@ struct Active<'t, B: KernelBackend> {
     events: UnboundedSender<Event>,
     /// Who may reuse its cache ([`Job::scope`]).
     scope: String,
+    /// The other choices of its request ([`Job::forks`]), started once its prompt has run.
+    forks: Vec<Fork>,
+    /// Whether it is such a choice: its prompt is counted with the first choice.
+    forked: bool,
+}
+
+impl<B: KernelBackend> Active<'_, B> {
+    /// Decoding slots it holds, with its forks to come.
+    fn slots(&self) -> usize {
+        1 + self.forks.len()
+    }
 }
 
 /// A finished sequence's cache, kept for a later request of the same scope.
@@ -104,6 +115,23 @@ pub struct Job {
     /// `cached_tokens` cannot tell one client what another's prompt was.
     pub scope: String,
     pub events: UnboundedSender<Event>,
+    /// More choices from the same prompt (OpenAI's `n`), each with its seed and events: the
+    /// prompt runs once, then each choice starts from a copy of its cache
+    /// ([`runtime::generate::Generator::fork`]).
+    pub forks: Vec<Fork>,
+}
+
+/// Another choice of a [`Job`]: its sampling seed and where its events go.
+pub struct Fork {
+    pub seed: u64,
+    pub events: UnboundedSender<Event>,
+}
+
+impl Job {
+    /// Decoding slots it needs.
+    fn slots(&self) -> usize {
+        1 + self.forks.len()
+    }
 }
 
 /// What the engine tells a request.
@@ -173,10 +201,21 @@ impl<B: KernelBackend> Engine<B> {
         // Pieces the oldest waiting prompt has gone without in a row.
         let mut passed_over = 0;
         let mut open = true;
+        // A job received while too few slots were free for all its choices.
+        let mut held: Option<Job> = None;
         loop {
             // Admit waiting jobs into free slots; with nothing to do, wait for one.
-            while open && running.len() + prefilling.len() < self.parallel {
+            loop {
+                let taken = running.len() + prefilling.iter().map(Active::slots).sum::<usize>();
                 let idle = running.is_empty() && prefilling.is_empty();
+                if let Some(job) = held.take_if(|job| idle || taken + job.slots() <= self.parallel)
+                {
+                    self.admit(job, &mut kept, &mut prefilling, metrics);
+                    continue;
+                }
+                if held.is_some() || !open || taken >= self.parallel {
+                    break;
+                }
                 let job = if idle {
                     match jobs.recv() {
                         Ok(job) => job,
@@ -196,26 +235,7 @@ impl<B: KernelBackend> Engine<B> {
                     }
                 };
                 metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                if job.events.is_closed() {
-                    continue;
-                }
-                let reuse = self.cache_for(&mut kept, &job.prompt, &job.scope);
-                match (self.generator).admit(&self.tokenizer, reuse, &job.prompt, job.options) {
-                    Ok(mut sequence) => {
-                        if let Some(top) = job.logprobs {
-                            sequence.record_logprobs(top);
-                        }
-                        metrics.running.fetch_add(1, Ordering::Relaxed);
-                        prefilling.push_back(Active {
-                            sequence,
-                            events: job.events,
-                            scope: job.scope,
-                        });
-                    }
-                    Err(e) => {
-                        let _ = job.events.send(Event::Failed(e.to_string()));
-                    }
-                }
+                held = Some(job);
             }
             if running.is_empty() && prefilling.is_empty() {
                 if open {
@@ -254,10 +274,18 @@ impl<B: KernelBackend> Engine<B> {
                 };
                 add_busy(metrics, started);
                 if !matches!(prefilled, Ok(false)) {
-                    let active = prefilling.remove(i).expect("a chosen index");
+                    let mut active = prefilling.remove(i).expect("a chosen index");
                     match prefilled {
-                        Ok(_) => running.push(active),
+                        Ok(_) => {
+                            for fork in std::mem::take(&mut active.forks) {
+                                self.start_fork(&active, fork, &mut running, metrics);
+                            }
+                            running.push(active);
+                        }
                         Err(e) => {
+                            for fork in std::mem::take(&mut active.forks) {
+                                let _ = fork.events.send(Event::Failed(e.clone()));
+                            }
                             self.retire(active, Err(e), &mut kept, metrics);
                         }
                     }
@@ -306,6 +334,68 @@ impl<B: KernelBackend> Engine<B> {
                 };
                 let active = running.swap_remove(i);
                 self.retire(active, outcome, &mut kept, metrics);
+            }
+        }
+    }
+
+    /// Admits `job` (its prompt to be run) unless its client has gone; a job the generator
+    /// refuses gets its error, every choice of it.
+    fn admit<'t>(
+        &'t self,
+        job: Job,
+        kept: &mut Kept<B>,
+        prefilling: &mut VecDeque<Active<'t, B>>,
+        metrics: &Metrics,
+    ) {
+        if job.events.is_closed() && job.forks.iter().all(|f| f.events.is_closed()) {
+            return;
+        }
+        let reuse = self.cache_for(kept, &job.prompt, &job.scope);
+        match (self.generator).admit(&self.tokenizer, reuse, &job.prompt, job.options) {
+            Ok(mut sequence) => {
+                if let Some(top) = job.logprobs {
+                    sequence.record_logprobs(top);
+                }
+                metrics.running.fetch_add(1, Ordering::Relaxed);
+                prefilling.push_back(Active {
+                    sequence,
+                    events: job.events,
+                    scope: job.scope,
+                    forks: job.forks,
+                    forked: false,
+                });
+            }
+            Err(e) => {
+                for events in
+                    std::iter::once(&job.events).chain(job.forks.iter().map(|f| &f.events))
+                {
+                    let _ = events.send(Event::Failed(e.to_string()));
+                }
+            }
+        }
+    }
+
+    /// Starts another choice of `active`'s request from its prompt's cache.
+    fn start_fork<'t>(
+        &'t self,
+        active: &Active<'t, B>,
+        fork: Fork,
+        running: &mut Vec<Active<'t, B>>,
+        metrics: &Metrics,
+    ) {
+        match (self.generator).fork(&self.tokenizer, &active.sequence, fork.seed) {
+            Ok(sequence) => {
+                metrics.running.fetch_add(1, Ordering::Relaxed);
+                running.push(Active {
+                    sequence,
+                    events: fork.events,
+                    scope: active.scope.clone(),
+                    forks: Vec::new(),
+                    forked: true,
+                });
+            }
+            Err(e) => {
+                let _ = fork.events.send(Event::Failed(e.to_string()));
             }
         }
     }
@@ -375,14 +465,24 @@ impl<B: KernelBackend> Engine<B> {
             sequence,
             events,
             scope,
+            forks,
+            forked,
         }: Active<'_, B>,
         outcome: Result<(), String>,
         kept: &mut Kept<B>,
         metrics: &Metrics,
     ) {
         metrics.running.fetch_sub(1, Ordering::Relaxed);
+        for fork in forks {
+            let _ = fork.events.send(Event::Failed(match &outcome {
+                Err(e) => e.clone(),
+                Ok(()) => "the prompt ended before its other choices started".into(),
+            }));
+        }
         let mut rest = String::new();
-        let cached_tokens = sequence.reused_tokens();
+        // A request's prompt, run once, is counted with its first choice.
+        let counted = |tokens: usize| if forked { 0 } else { tokens };
+        let cached_tokens = counted(sequence.reused_tokens());
         let (generation, (cache, ids)) =
             sequence.finish_keeping_cache(&mut |piece| rest.push_str(piece));
         kept.caches.push(KeptCache { cache, ids, scope });
@@ -390,18 +490,21 @@ impl<B: KernelBackend> Engine<B> {
         if !rest.is_empty() {
             let _ = events.send(Event::Text(rest));
         }
+        let prompt_tokens = counted(generation.prompt_tokens);
         metrics
             .prompt_tokens
-            .fetch_add(generation.prompt_tokens as u64, Ordering::Relaxed);
+            .fetch_add(prompt_tokens as u64, Ordering::Relaxed);
         metrics
             .completion_tokens
             .fetch_add(generation.tokens.len() as u64, Ordering::Relaxed);
-        metrics.requests.fetch_add(1, Ordering::Relaxed);
+        metrics
+            .requests
+            .fetch_add(counted(1) as u64, Ordering::Relaxed);
         let _ = events.send(match outcome {
             Err(e) => Event::Failed(e),
             Ok(()) => Event::Done {
                 reason: generation.stop_reason,
-                prompt_tokens: generation.prompt_tokens,
+                prompt_tokens,
                 cached_tokens,
                 completion_tokens: generation.tokens.len(),
             },

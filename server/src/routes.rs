@@ -20,7 +20,7 @@ use serde_json::json;
 use tokio::sync::mpsc as async_mpsc;
 
 use crate::api::{self, Prompt, Request};
-use crate::engine::{Event, Job, Metrics};
+use crate::engine::{Event, Fork, Job, Metrics};
 use crate::error::ApiError;
 use crate::reply::{Kind, Reply};
 use crate::{Loaded, Options};
@@ -174,6 +174,15 @@ async fn start(
         Kind::Completion => api::completion(&body)?,
     };
     check_model(state, &request)?;
+    if request.n > state.options.parallel {
+        return Err(ApiError::invalid_field(
+            "n",
+            format!(
+                "n is {}, more choices than this server decodes at once (--parallel {})",
+                request.n, state.options.parallel
+            ),
+        ));
+    }
     let max = loaded.tokenizer.max_id();
     if let Some((id, _)) = request
         .sampling
@@ -206,6 +215,19 @@ async fn start(
     let mut receivers = Vec::with_capacity(jobs.len());
     for (ids, options) in jobs {
         let (events, receiver) = async_mpsc::unbounded_channel();
+        receivers.push(receiver);
+        // Choice j of the prompt draws with the request's seed plus j (as vLLM seeds them).
+        let seed = options.sampling.seed;
+        let forks = (1..request.n as u64)
+            .map(|j| {
+                let (events, receiver) = async_mpsc::unbounded_channel();
+                receivers.push(receiver);
+                Fork {
+                    seed: seed.wrapping_add(j),
+                    events,
+                }
+            })
+            .collect();
         state.metrics.queued.fetch_add(1, Ordering::Relaxed);
         let job = Job {
             prompt: ids,
@@ -213,6 +235,7 @@ async fn start(
             logprobs: request.logprobs,
             scope: scope.clone(),
             events,
+            forks,
         };
         if state.jobs.send(job).is_err() {
             state.metrics.queued.fetch_sub(1, Ordering::Relaxed);
@@ -221,7 +244,6 @@ async fn start(
                 "the server is shutting down",
             ));
         }
-        receivers.push(receiver);
     }
     Ok((request, receivers))
 }

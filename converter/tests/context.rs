@@ -61,6 +61,7 @@ fn greedy(max_new_tokens: usize) -> GenerateOptions {
         max_new_tokens,
         sampling: SamplingParams::default(),
         stop: Vec::new(),
+        grammar: None,
     }
 }
 

@@ -21,6 +21,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         max_new_tokens: 40,
         sampling: SamplingParams::default(), // greedy; set `temperature` to sample
         stop: Vec::new(),
+        grammar: None,
     };
     // The model runs inside the thread pool its kernels use.
     let generation = runtime::in_thread_pool(None, || {

@@ -2,7 +2,7 @@
 //! streaming, timings.
 
 use std::path::Path;
-use std::sync::{Mutex, PoisonError};
+use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Int, Tensor, TensorData};
@@ -12,6 +12,7 @@ use crate::artifact::{self, ArtifactError, GENERATION_CONFIG_FILE};
 use crate::backend::{KernelBackend, Matmul};
 use crate::cache::{CacheError, KvCache, KvDtype};
 use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
+use crate::grammar::{Constraint, Grammar, GrammarError, Grammars};
 use crate::load::{Kept, Weights};
 use crate::model::Llama;
 use crate::rope::Rope;
@@ -51,8 +52,10 @@ pub enum GenerateError {
     Backend(String),
     #[error("a step before the sequence's prompt has all run (Generator::prefill)")]
     NotPrefilled,
-    #[error("a sequence forks only before its first token (Generator::fork)")]
-    Forked,
+    #[error("a sequence forks or takes a grammar only before its first token")]
+    Started,
+    #[error("grammar: {0}")]
+    Grammar(#[from] GrammarError),
 }
 
 /// Why generation ended.
@@ -74,6 +77,8 @@ pub struct GenerateOptions {
     pub sampling: SamplingParams,
     /// Generation ends before the first occurrence of any of these strings.
     pub stop: Vec<String>,
+    /// What the generated text must match ([`crate::grammar`]), if anything.
+    pub grammar: Option<Grammar>,
 }
 
 /// Prefill and decode speed of one generation.
@@ -120,6 +125,8 @@ pub struct Generator<B: KernelBackend> {
     /// Rotary tables shared by the caches made here (the same whichever cache reads them),
     /// grown to the largest capacity asked for: a server's caches don't each hold a copy.
     rope: Mutex<Option<Rope<B>>>,
+    /// The vocabulary as grammars see it, made for the first sequence that has one.
+    grammars: OnceLock<Result<Grammars, GrammarError>>,
 }
 
 impl<B: KernelBackend> Generator<B> {
@@ -155,6 +162,7 @@ impl<B: KernelBackend> Generator<B> {
             eos_ids,
             device: device.clone(),
             rope: Mutex::new(None),
+            grammars: OnceLock::new(),
         })
     }
 
@@ -335,11 +343,16 @@ impl<B: KernelBackend> Generator<B> {
             _ => (self.new_cache(capacity)?, 0),
         };
         cache.check_room(1, prompt.len() - reused)?;
+        let constraint = match &options.grammar {
+            Some(grammar) => Some(self.grammars(tokenizer)?.constraint(grammar)?),
+            None => None,
+        };
         let started = Instant::now();
         Ok(Sequence {
             cache,
             capacity,
             reused,
+            constraint,
             sampler: Sampler::new(options.sampling.clone()),
             history: prompt.to_vec(),
             prompt_tokens: prompt.len(),
@@ -383,10 +396,19 @@ impl<B: KernelBackend> Generator<B> {
         Ok(true)
     }
 
+    /// The vocabulary as grammars see it, made the first time one is asked for (its trie
+    /// and slices take a moment at a large vocabulary).
+    fn grammars(&self, tokenizer: &Tokenizer) -> Result<&Grammars, GrammarError> {
+        let made = self
+            .grammars
+            .get_or_init(|| Grammars::new(tokenizer, self.config.vocab_size, &self.eos_ids));
+        made.as_ref().map_err(Clone::clone)
+    }
+
     /// Another generation from `sequence`'s prompt, sampled with `seed`: its cache a copy
     /// of the prompt's (which is not run again), its first token drawn from the same logits.
     /// How OpenAI's `n` gets several choices from one prompt. Only between the prompt and
-    /// the first token: once `sequence` has generated a token, [`GenerateError::Forked`].
+    /// the first token: once `sequence` has generated a token, [`GenerateError::Started`].
     pub fn fork<'t>(
         &self,
         tokenizer: &'t Tokenizer,
@@ -398,13 +420,14 @@ impl<B: KernelBackend> Generator<B> {
             return Err(GenerateError::NotPrefilled);
         }
         if !s.tokens.is_empty() || s.stop_reason.is_some() {
-            return Err(GenerateError::Forked);
+            return Err(GenerateError::Started);
         }
         let started = Instant::now();
         Ok(Sequence {
             cache: s.cache.fork(s.cache.len(), s.capacity),
             capacity: s.capacity,
             reused: s.reused,
+            constraint: s.constraint.as_ref().map(Constraint::fork),
             sampler: s.sampler.reseeded(seed),
             history: s.history.clone(),
             prompt_tokens: s.prompt_tokens,
@@ -555,7 +578,14 @@ impl<B: KernelBackend> Generator<B> {
             }
             // The sampler changes the logits in place; log-probabilities are the model's.
             let raw = s.logprobs_top.map(|_| s.logits.clone());
-            let next = s.sampler.sample(&mut s.logits, &s.history);
+            let mut masked = Ok(());
+            let next = match &mut s.constraint {
+                None => s.sampler.sample(&mut s.logits, &s.history),
+                Some(constraint) => s
+                    .sampler
+                    .sample_masked(&mut s.logits, &s.history, |l| masked = constraint.mask(l)),
+            };
+            masked?;
             if s.tokens.is_empty() {
                 // The first token's time belongs to the prompt: it waits on the prefill.
                 s.prefill = s.started.elapsed();
@@ -563,6 +593,9 @@ impl<B: KernelBackend> Generator<B> {
             }
             if self.eos_ids.contains(&next) {
                 break 'step StopReason::Eos;
+            }
+            if let Some(constraint) = &mut s.constraint {
+                constraint.consume(next)?;
             }
             if let (Some(raw), Some(top)) = (raw, s.logprobs_top) {
                 s.logprobs.push(logprobs(&raw, next, top));
@@ -668,6 +701,8 @@ pub struct Sequence<'t, B: KernelBackend> {
     capacity: usize,
     /// Prompt tokens found in a reused cache, not run again.
     reused: usize,
+    /// The grammar the text must follow ([`GenerateOptions::grammar`]).
+    constraint: Option<Constraint>,
     sampler: Sampler,
     /// Prompt and generated ids (the repeat penalty's window).
     history: Vec<u32>,
@@ -690,6 +725,17 @@ pub struct Sequence<'t, B: KernelBackend> {
 }
 
 impl<B: KernelBackend> Sequence<'_, B> {
+    /// Makes the text follow `constraint` (compiled by the caller, say off a server's
+    /// engine thread, from the same [`Grammars`] as [`GenerateOptions::grammar`] would be):
+    /// only before the first token, else [`GenerateError::Started`].
+    pub fn constrain(&mut self, constraint: Constraint) -> Result<(), GenerateError> {
+        if !self.tokens.is_empty() || self.stop_reason.is_some() {
+            return Err(GenerateError::Started);
+        }
+        self.constraint = Some(constraint);
+        Ok(())
+    }
+
     /// Records, from the next token on, each generated token's log-probability and the
     /// `top` most likely tokens' at its step ([`Self::take_logprobs`]).
     pub fn record_logprobs(&mut self, top: usize) {

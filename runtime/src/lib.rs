@@ -21,6 +21,7 @@
 //!     max_new_tokens: 20,
 //!     sampling: SamplingParams::default(), // greedy; set `temperature` to sample
 //!     stop: Vec::new(),
+//!     grammar: None,
 //! };
 //! // Inside the thread pool the kernels use (see `in_thread_pool`).
 //! let generation = runtime::in_thread_pool(None, || {
@@ -40,6 +41,7 @@ pub mod chat;
 pub mod config;
 pub mod files;
 pub mod generate;
+pub mod grammar;
 pub mod kernels;
 pub mod layout;
 pub mod load;

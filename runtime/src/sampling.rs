@@ -128,6 +128,17 @@ impl Sampler {
     /// logits biased, then penalized (repetition over `history`, presence and frequency
     /// over the tokens this sampler picked), then the pick.
     pub fn sample(&mut self, logits: &mut [f32], history: &[u32]) -> u32 {
+        self.sample_masked(logits, history, |_| ())
+    }
+
+    /// [`Self::sample`] with `mask` applied to the logits after the biases and penalties,
+    /// before the pick: a grammar's, which no bias can override.
+    pub fn sample_masked(
+        &mut self,
+        logits: &mut [f32],
+        history: &[u32],
+        mask: impl FnOnce(&mut [f32]),
+    ) -> u32 {
         let p = &self.params;
         for &(id, bias) in &p.logit_bias {
             if let Some(logit) = logits.get_mut(id as usize) {
@@ -145,6 +156,7 @@ impl Sampler {
                 }
             }
         }
+        mask(logits);
         let next = self.pick(logits);
         if penalized {
             *self.picked.entry(next).or_default() += 1;

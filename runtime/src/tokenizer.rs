@@ -405,6 +405,43 @@ impl Tokenizer {
         (byte_fallback(&token).or_else(|| byte_level(&token))).unwrap_or_else(|| text.into_bytes())
     }
 
+    /// Every token's bytes, by id up to [`Self::max_id`], as a grammar engine needs them
+    /// (llguidance's token trie): a vocabulary entry's exact bytes (GPT-2's alphabet mapped
+    /// back for byte-level BPE, `▁` as a space for SentencePiece pieces, `<0xNN>` as its
+    /// byte), an added token's text as it is, and a special token (or an id no token has) as
+    /// `0xFF` then its text, which no text can produce. The bytes of `encode(text)`'s
+    /// tokens, one after another, are the text's.
+    pub fn vocabulary_bytes(&self) -> Vec<Vec<u8>> {
+        let byte_level_bpe = self.decodes_byte_level();
+        let added = self.inner.get_added_tokens_decoder();
+        let special = |text: &str| [&[0xFF], text.as_bytes()].concat();
+        (0..=self.max_id())
+            .map(|id| match added.get(&id) {
+                Some(token) if token.special => special(&token.content),
+                Some(token) => token.content.clone().into_bytes(),
+                None => match self.inner.id_to_token(id) {
+                    None => special(&format!("<[{id}]>")),
+                    Some(piece) => byte_fallback(&piece)
+                        .or_else(|| byte_level_bpe.then(|| byte_level(&piece)).flatten())
+                        .unwrap_or_else(|| piece.replace('\u{2581}', " ").into_bytes()),
+                },
+            })
+            .collect()
+    }
+
+    /// Whether the decoder maps tokens through GPT-2's byte alphabet (byte-level BPE).
+    fn decodes_byte_level(&self) -> bool {
+        use tokenizers::DecoderWrapper;
+        fn has(decoder: &DecoderWrapper) -> bool {
+            match decoder {
+                DecoderWrapper::ByteLevel(_) => true,
+                DecoderWrapper::Sequence(sequence) => sequence.get_decoders().iter().any(has),
+                _ => false,
+            }
+        }
+        self.inner.get_decoder().is_some_and(has)
+    }
+
     /// An incremental decoder: yields text only once it forms whole UTF-8 characters.
     pub fn decode_stream(&self) -> TextStream<'_> {
         TextStream {

@@ -102,6 +102,7 @@ fn greedy(max_new_tokens: usize) -> GenerateOptions {
             ..Default::default()
         },
         stop: vec![],
+        grammar: None,
     }
 }
 
@@ -235,6 +236,8 @@ fn same_seed_same_text() {
                 ..Default::default()
             },
             stop: vec![],
+            grammar: None,
+            grammar: None,
         };
         generator
             .generate(tokenizer, &ids, &options, |_| {})
@@ -253,6 +256,7 @@ fn stop_string_ends_generation() {
     let ids = tokenizer.encode("The capital of France is").unwrap();
     let options = GenerateOptions {
         stop: vec!["answer".into()],
+        grammar: None,
         ..greedy(40)
     };
     let out = generator

@@ -4,6 +4,7 @@
 //! answer as if that were what it asked for.
 
 use runtime::chat::Message;
+use runtime::grammar::Grammar;
 use runtime::sampling::SamplingParams;
 use serde::Deserialize;
 use serde_json::{Map, Value};
@@ -41,6 +42,8 @@ pub struct Request {
     /// Choices per prompt (OpenAI's `n`), each sampled with the request's seed plus its
     /// index; the prompt runs once.
     pub n: usize,
+    /// What the answer must match (`response_format`), compiled by the HTTP side.
+    pub grammar: Option<Grammar>,
 }
 
 /// The prompt: a conversation for the chat template, plain text, or token ids.
@@ -106,15 +109,7 @@ pub fn chat(body: &[u8]) -> Result<Request, ApiError> {
         .map(message)
         .collect::<Result<Vec<_>, _>>()?;
     let max_tokens = chat_max_tokens(&mut fields)?;
-    let format: Option<Value> = take(&mut fields, "response_format")?;
-    if let Some(format) = format
-        && format.get("type").and_then(Value::as_str) != Some("text")
-    {
-        return Err(ApiError::invalid_field(
-            "response_format",
-            "response_format other than {\"type\": \"text\"} is not supported",
-        ));
-    }
+    let grammar = response_format(take(&mut fields, "response_format")?)?;
     let logprobs = take(&mut fields, "logprobs")?.unwrap_or(false);
     let top: Option<usize> = take(&mut fields, "top_logprobs")?;
     let logprobs = match (logprobs, top) {
@@ -137,7 +132,42 @@ pub fn chat(body: &[u8]) -> Result<Request, ApiError> {
     no_tool_calls(&mut fields, "functions", "function_call")?;
     // Only how tool calls would be made, and there are none.
     take::<bool>(&mut fields, "parallel_tool_calls")?;
-    common(fields, vec![Prompt::Chat(messages)], max_tokens, logprobs)
+    let mut request = common(fields, vec![Prompt::Chat(messages)], max_tokens, logprobs)?;
+    request.grammar = grammar;
+    Ok(request)
+}
+
+/// OpenAI's `response_format`: `text`; `json_object` (any JSON object; with a `schema`, as
+/// llama-server takes it, one valid against it); `json_schema` with `json_schema: {name,
+/// schema, strict, description}`, the schema enforced whatever `strict` says.
+fn response_format(format: Option<Value>) -> Result<Option<Grammar>, ApiError> {
+    let invalid = |message: &str| ApiError::invalid_field("response_format", message);
+    let Some(format) = format else {
+        return Ok(None);
+    };
+    let schema = |value: Option<&Value>| match value {
+        Some(schema @ (Value::Object(_) | Value::Bool(_))) => Ok(Some(schema.clone())),
+        Some(_) => Err(invalid("response_format's schema must be a JSON object")),
+        None => Ok(None),
+    };
+    match format.get("type").and_then(Value::as_str) {
+        Some("text") => Ok(None),
+        Some("json_object") => Ok(Some(match schema(format.get("schema"))? {
+            Some(schema) => Grammar::JsonSchema(schema),
+            None => Grammar::json_object(),
+        })),
+        Some("json_schema") => {
+            let spec = (format.get("json_schema"))
+                .ok_or_else(|| invalid("response_format json_schema needs a json_schema object"))?;
+            match schema(spec.get("schema"))? {
+                Some(schema) => Ok(Some(Grammar::JsonSchema(schema))),
+                None => Err(invalid("response_format's json_schema needs a schema")),
+            }
+        }
+        _ => Err(invalid(
+            "response_format's type must be text, json_object or json_schema",
+        )),
+    }
 }
 
 /// Chat's length limit: `max_completion_tokens`, or its older name `max_tokens`. Both may be
@@ -323,6 +353,7 @@ fn common(
         logprobs,
         cache_salt,
         n,
+        grammar: None,
     })
 }
 

@@ -25,6 +25,7 @@ use std::time::Instant;
 use runtime::backend::KernelBackend;
 use runtime::cache::KvCache;
 use runtime::generate::{GenerateOptions, Generator, Sequence, StopReason, common_prefix};
+use runtime::grammar::Constraint;
 use runtime::sampling::TokenLogprob;
 use runtime::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
@@ -115,6 +116,8 @@ pub struct Job {
     /// `cached_tokens` cannot tell one client what another's prompt was.
     pub scope: String,
     pub events: UnboundedSender<Event>,
+    /// The grammar the answer follows, compiled by the HTTP side.
+    pub constraint: Option<Constraint>,
     /// More choices from the same prompt (OpenAI's `n`), each with its seed and events: the
     /// prompt runs once, then each choice starts from a copy of its cache
     /// ([`runtime::generate::Generator::fork`]).
@@ -355,6 +358,11 @@ impl<B: KernelBackend> Engine<B> {
             Ok(mut sequence) => {
                 if let Some(top) = job.logprobs {
                     sequence.record_logprobs(top);
+                }
+                if let Some(constraint) = job.constraint {
+                    sequence
+                        .constrain(constraint)
+                        .expect("a sequence just admitted has generated nothing");
                 }
                 metrics.running.fetch_add(1, Ordering::Relaxed);
                 prefilling.push_back(Active {

@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 
 use runtime::backend::KernelBackend;
 use runtime::generate::Generator;
+use runtime::grammar::{GrammarError, Grammars};
 use runtime::tokenizer::{ContentSpecials, Tokenizer};
 
 use crate::engine::{Engine, Job, Metrics};
@@ -69,6 +70,11 @@ pub(crate) struct Loaded {
     pub tokenizer: Arc<Tokenizer>,
     /// max_position_embeddings.
     pub context: usize,
+    /// The model's vocab_size and end ids, for its grammars.
+    pub vocab_size: usize,
+    pub end_ids: Vec<u32>,
+    /// The vocabulary as grammars see it, made for the first request that has one.
+    pub grammars: OnceLock<Result<Grammars, GrammarError>>,
 }
 
 /// Why the server could not run.
@@ -137,6 +143,9 @@ where
                     let _ = loaded.set(Loaded {
                         tokenizer: tokenizer.clone(),
                         context: generator.config.max_position_embeddings,
+                        vocab_size: generator.config.vocab_size,
+                        end_ids: generator.eos_ids().to_vec(),
+                        grammars: OnceLock::new(),
                     });
                     metrics
                         .ready

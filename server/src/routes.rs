@@ -15,6 +15,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use runtime::chat::ChatRequest;
 use runtime::generate::GenerateOptions;
+use runtime::grammar::{Constraint, Grammar, GrammarError, Grammars};
 use runtime::tokenizer::{ContentSpecials, Tokenizer, TokenizerError};
 use serde_json::json;
 use tokio::sync::mpsc as async_mpsc;
@@ -198,14 +199,23 @@ async fn start(
     let tokenizer = loaded.tokenizer.clone();
     let prompts = request.prompts.clone();
     let specials = state.options.content_specials;
-    // Rendering a template and tokenizing are CPU work: off the async threads.
-    let prompts = tokio::task::spawn_blocking(move || {
-        (prompts.into_iter())
+    // Rendering a template, tokenizing and compiling a grammar are CPU work: off the async
+    // threads, and off the engine's.
+    let blocking = state.clone();
+    let grammar = request.grammar.clone();
+    let (prompts, constraints) = tokio::task::spawn_blocking(move || {
+        let prompts = (prompts.into_iter())
             .map(|prompt| tokenize(&tokenizer, prompt, specials))
-            .collect::<Result<Vec<_>, _>>()
+            .collect::<Result<Vec<_>, _>>()?;
+        let constraints = match grammar {
+            None => Vec::new(),
+            Some(grammar) => constraints(&blocking, &grammar, prompts.len())?,
+        };
+        Ok::<_, ApiError>((prompts, constraints))
     })
     .await
     .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
+    let mut constraints = constraints.into_iter();
     let scope = scope(headers, request.cache_salt.as_deref());
     let mut jobs = Vec::with_capacity(prompts.len());
     for (ids, prompt) in prompts.into_iter().zip(&request.prompts) {
@@ -235,6 +245,7 @@ async fn start(
             logprobs: request.logprobs,
             scope: scope.clone(),
             events,
+            constraint: constraints.next(),
             forks,
         };
         if state.jobs.send(job).is_err() {
@@ -246,6 +257,24 @@ async fn start(
         }
     }
     Ok((request, receivers))
+}
+
+/// `grammar` compiled for each of `prompts` prompts: 400 naming `response_format` if it
+/// cannot be.
+fn constraints(
+    state: &State,
+    grammar: &Grammar,
+    prompts: usize,
+) -> Result<Vec<Constraint>, ApiError> {
+    let loaded = ready(state)?;
+    let invalid = |e: GrammarError| ApiError::invalid_field("response_format", e.to_string());
+    let grammars = loaded
+        .grammars
+        .get_or_init(|| Grammars::new(&loaded.tokenizer, loaded.vocab_size, &loaded.end_ids));
+    let grammars = grammars.as_ref().map_err(|e| invalid(e.clone()))?;
+    (0..prompts)
+        .map(|_| grammars.constraint(grammar).map_err(invalid))
+        .collect()
 }
 
 /// A request naming a model must name the one served: an answer must not pass for another
@@ -327,6 +356,7 @@ fn generate_options(
         max_new_tokens,
         sampling: request.sampling.clone(),
         stop: request.stop.clone(),
+        grammar: None,
     })
 }
 

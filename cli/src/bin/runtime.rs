@@ -14,6 +14,7 @@ use runtime::backend::{KernelBackend, Matmul};
 use runtime::cache::KvDtype;
 use runtime::files;
 use runtime::generate::{GenerateOptions, Generation, Generator};
+use runtime::grammar::Grammar;
 use runtime::load::Weights;
 use runtime::sampling::{SamplingParams, defaults};
 use runtime::tokenizer::{ContentSpecials, Tokenizer};
@@ -153,6 +154,14 @@ struct SamplingArgs {
     /// newline, tab and carriage return, `\\` as a backslash, as llama.cpp reads them.
     #[arg(long, value_parser = unescape)]
     stop: Vec<String>,
+    /// Generate JSON valid against the JSON Schema in FILE (constrained decoding: every
+    /// token the schema cannot continue with is masked before sampling).
+    #[arg(long, value_name = "FILE", conflicts_with = "grammar")]
+    json_schema: Option<PathBuf>,
+    /// Generate text the grammar in FILE accepts (llguidance's Lark dialect, as
+    /// llama-server's `--grammar` takes GBNF).
+    #[arg(long, value_name = "FILE")]
+    grammar: Option<PathBuf>,
 }
 
 /// `--logit-bias ID=BIAS`.
@@ -184,7 +193,25 @@ impl SamplingArgs {
             max_new_tokens: self.max_new_tokens as usize,
             sampling,
             stop: self.stop.clone(),
+            grammar: self.grammar()?,
         })
+    }
+
+    /// `--json-schema` or `--grammar`, read.
+    fn grammar(&self) -> Result<Option<Grammar>> {
+        const MAX_BYTES: u64 = 1 << 20;
+        if let Some(path) = &self.json_schema {
+            let text = files::read_text_bounded(path, MAX_BYTES)?;
+            let schema = serde_json::from_str(&text)
+                .with_context(|| format!("--json-schema {}: not JSON", path.display()))?;
+            return Ok(Some(Grammar::JsonSchema(schema)));
+        }
+        match &self.grammar {
+            Some(path) => Ok(Some(Grammar::Lark(files::read_text_bounded(
+                path, MAX_BYTES,
+            )?))),
+            None => Ok(None),
+        }
     }
 }
 

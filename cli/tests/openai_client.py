@@ -119,6 +119,22 @@ biased = client.chat.completions.create(model=model, messages=messages, max_toke
                                         frequency_penalty=1.0, logit_bias={198: -100})
 assert "\n" not in biased.choices[0].message.content, biased
 
+# Structured outputs: the client sends the pydantic model as a strict json_schema and
+# parses the answer back into it.
+from typing import Literal
+import pydantic
+
+class City(pydantic.BaseModel):
+    name: str = pydantic.Field(max_length=20)
+    country: Literal["France", "Italy", "Spain"]
+    population: int = pydantic.Field(ge=0, le=100_000_000)
+
+parsed = client.chat.completions.parse(
+    model=model, messages=[{"role": "user", "content": "Tell me about Paris."}],
+    response_format=City, max_tokens=80, temperature=0)
+city = parsed.choices[0].message.parsed
+assert isinstance(city, City), parsed
+
 try:
     openai.OpenAI(base_url=base_url, api_key="wrong", max_retries=0).models.list()
     raise AssertionError("a wrong key was accepted")

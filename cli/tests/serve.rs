@@ -416,7 +416,43 @@ fn malformed_requests_get_status_and_envelope() {
         (
             "POST",
             chat_path,
-            chat(json!({"response_format": {"type": "json_object"}})),
+            chat(json!({"response_format": {"type": "xml"}})),
+            400,
+            "response_format",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(json!({"response_format": {"type": "json_schema"}})),
+            400,
+            "json_schema",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": 5}}}),
+            ),
+            400,
+            "schema",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                "schema": {"type": "object", "properties": {"a": {"$ref": "#/$defs/missing"}}}}}}),
+            ),
+            400,
+            "response_format",
+        ),
+        (
+            "POST",
+            chat_path,
+            chat(
+                json!({"response_format": {"type": "json_schema", "json_schema": {"name": "x",
+                "schema": {"type": "string", "pattern": "(("}}}}),
+            ),
             400,
             "response_format",
         ),
@@ -1179,4 +1215,80 @@ fn n_choices_are_the_seeded_single_answers() {
         );
         assert_eq!(choice["text"], alone["choices"][0]["text"], "choice {i}");
     }
+}
+
+/// `response_format`: `json_object` answers a JSON object, `json_schema` one valid against
+/// the schema (the `jsonschema` crate, formats checked), streamed and not, and among other
+/// requests decoded at the same time the answer it gets alone.
+#[test]
+fn response_format_constrains_the_answer() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &["--parallel", "4"]);
+    let schema = json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "minimum": 0},
+        "founded": {"type": "string", "format": "date"}},
+        "required": ["city", "population", "founded"], "additionalProperties": false});
+    let body = |format: Value, seed: u64| {
+        json!({"messages": [{"role": "user", "content": "Tell me about Paris."}],
+               "max_tokens": 80, "temperature": 0.8, "seed": seed, "response_format": format})
+    };
+    let json_schema = json!({"type": "json_schema",
+                             "json_schema": {"name": "city", "schema": schema, "strict": true}});
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(&schema)
+        .unwrap();
+    let finished = |body: &Value| {
+        let (status, v) = server.post("/v1/chat/completions", body);
+        assert_eq!(status, 200, "{v}");
+        let text = v["choices"][0]["message"]["content"].as_str().unwrap();
+        (v["choices"][0]["finish_reason"] == "stop").then(|| text.to_string())
+    };
+    let answer = |body: &Value| finished(body).expect("the answer ends within max_tokens");
+    let mut objects = 0;
+    for seed in 0..3 {
+        let text = answer(&body(json_schema.clone(), seed));
+        let value: Value = serde_json::from_str(&text).unwrap_or_else(|e| panic!("{text}: {e}"));
+        assert!(validator.is_valid(&value), "{text}");
+        // Any object: it may run past max_tokens (nothing bounds it), but one that ends is
+        // an object.
+        if let Some(object) = finished(&body(json!({"type": "json_object"}), seed)) {
+            let value: Value =
+                serde_json::from_str(&object).unwrap_or_else(|e| panic!("{object}: {e}"));
+            assert!(value.is_object(), "{object}");
+            objects += 1;
+        }
+    }
+    assert!(objects > 0, "no json_object answer ended");
+    // Streamed: the deltas join to the same answer.
+    let mut streamed = body(json_schema.clone(), 7);
+    streamed["stream"] = json!(true);
+    let joined: String = chunks_of(&server.stream("/v1/chat/completions", &streamed))
+        .iter()
+        .filter_map(|c| {
+            c["choices"][0]["delta"]["content"]
+                .as_str()
+                .map(String::from)
+        })
+        .collect();
+    assert_eq!(joined, answer(&body(json_schema.clone(), 7)));
+    // Among three unconstrained requests at once: the same answer.
+    let alone = answer(&body(json_schema.clone(), 9));
+    let together = std::thread::scope(|scope| {
+        let others: Vec<_> = (0..3)
+            .map(|i| {
+                let server = &server;
+                scope.spawn(move || {
+                    server.post("/v1/chat/completions", &chat_body(PROMPTS[i], 40, false))
+                })
+            })
+            .collect();
+        let ours = answer(&body(json_schema.clone(), 9));
+        for other in others {
+            assert_eq!(other.join().unwrap().0, 200);
+        }
+        ours
+    });
+    assert_eq!(together, alone);
 }

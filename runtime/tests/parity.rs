@@ -237,7 +237,6 @@ fn same_seed_same_text() {
             },
             stop: vec![],
             grammar: None,
-            grammar: None,
         };
         generator
             .generate(tokenizer, &ids, &options, |_| {})
@@ -256,7 +255,6 @@ fn stop_string_ends_generation() {
     let ids = tokenizer.encode("The capital of France is").unwrap();
     let options = GenerateOptions {
         stop: vec!["answer".into()],
-        grammar: None,
         ..greedy(40)
     };
     let out = generator

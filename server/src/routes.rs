@@ -267,7 +267,9 @@ fn constraints(
     prompts: usize,
 ) -> Result<Vec<Constraint>, ApiError> {
     let loaded = ready(state)?;
-    let invalid = |e: GrammarError| ApiError::invalid_field("response_format", e.to_string());
+    let invalid = |e: GrammarError| {
+        ApiError::invalid_field("response_format", format!("response_format: {e}"))
+    };
     let grammars = loaded
         .grammars
         .get_or_init(|| Grammars::new(&loaded.tokenizer, loaded.vocab_size, &loaded.end_ids));

@@ -1292,3 +1292,53 @@ fn response_format_constrains_the_answer() {
     });
     assert_eq!(together, alone);
 }
+
+/// Hostile schemas (deeply nested, a 20,000-value enum, 2,000 properties, repetitions that
+/// multiply, regexes that backtrack elsewhere) are each answered, 200 or a 400 naming
+/// `response_format`, within seconds, and the server goes on serving.
+#[test]
+fn hostile_schemas_are_answered_and_bounded() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &[]);
+    let mut nested = json!({"type": "integer"});
+    for _ in 0..60 {
+        nested = json!({"type": "object", "properties": {"a": nested}, "required": ["a"]});
+    }
+    let properties: serde_json::Map<String, Value> = (0..2000)
+        .map(|i| {
+            (
+                format!("p{i}"),
+                json!({"type": "string", "pattern": format!("^x{{{i}}}$")}),
+            )
+        })
+        .collect();
+    let schemas = [
+        nested,
+        json!({"enum": (0..20000).map(|i| format!("value number {i}")).collect::<Vec<_>>()}),
+        json!({"type": "object", "properties": properties, "required": ["p1999"]}),
+        json!({"type": "string", "pattern": "^((a{1,1000}){1,1000}){1,1000}$"}),
+        json!({"type": "string", "pattern": "^(a+)+$"}),
+        json!({"type": "string", "pattern": "^(a|aa)*b$"}),
+        json!({"type": "array", "items": {"type": "string"}, "minItems": 100000}),
+    ];
+    for schema in schemas {
+        let started = Instant::now();
+        let body = json!({"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 8,
+                          "response_format": {"type": "json_schema",
+                                              "json_schema": {"name": "x", "schema": schema}}});
+        let (status, v) = server.post("/v1/chat/completions", &body);
+        let took = started.elapsed();
+        let what = format!(
+            "{:.100}: {status} in {took:?}: {v:.300}",
+            schema.to_string()
+        );
+        assert!(status == 200 || status == 400, "{what}");
+        if status == 400 {
+            assert_eq!(v["error"]["param"], "response_format", "{what}");
+        }
+        assert!(took < Duration::from_secs(60), "{what}");
+        eprintln!("{what}");
+        let (status, _) = server.post("/v1/chat/completions", &chat_body("Hi", 2, false));
+        assert_eq!(status, 200);
+    }
+}

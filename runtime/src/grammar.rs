@@ -112,14 +112,17 @@ impl Grammars {
         Ok(Grammars { factory })
     }
 
-    /// A constraint following `grammar` from the start of a generation.
+    /// A constraint following `grammar` from the start of a generation. Its first mask is
+    /// computed here, so that a grammar past llguidance's limits from the start (thousands
+    /// of optional properties, say) fails now, not at the first token.
     pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
         let parser = self.factory.create_parser(grammar.top_level());
-        let matcher = Matcher::new(parser);
-        match matcher.get_error() {
-            Some(e) => Err(GrammarError::from(e)),
-            None => Ok(Constraint { matcher }),
+        let mut matcher = Matcher::new(parser);
+        if let Some(e) = matcher.get_error() {
+            return Err(GrammarError::from(e));
         }
+        matcher.compute_mask_or_eos().map_err(GrammarError::from)?;
+        Ok(Constraint { matcher })
     }
 }
 

@@ -24,7 +24,9 @@ use std::time::Instant;
 
 use runtime::backend::KernelBackend;
 use runtime::cache::KvCache;
-use runtime::generate::{GenerateOptions, Generator, Sequence, StopReason, common_prefix};
+use runtime::generate::{
+    GenerateError, GenerateOptions, Generator, Sequence, StopReason, common_prefix,
+};
 use runtime::grammar::Constraint;
 use runtime::sampling::TokenLogprob;
 use runtime::tokenizer::Tokenizer;
@@ -156,6 +158,9 @@ pub enum Event {
         completion_tokens: usize,
     },
     Failed(String),
+    /// The request cannot be served as asked, found only while generating: its grammar
+    /// went past llguidance's limits (a 400 naming `response_format`, if nothing was sent).
+    Refused(String),
 }
 
 /// A generated token's log-probability and the most likely tokens' at its step.
@@ -271,9 +276,9 @@ impl<B: KernelBackend> Engine<B> {
                 let tokens = piece_at(sequence.prefilled(), budget);
                 let started = Instant::now();
                 let prefilled = if events.is_closed() {
-                    Err("the client went away".to_string())
+                    Err(Event::Failed("the client went away".into()))
                 } else {
-                    (self.generator.prefill(sequence, tokens)).map_err(|e| e.to_string())
+                    (self.generator.prefill(sequence, tokens)).map_err(failure)
                 };
                 add_busy(metrics, started);
                 if !matches!(prefilled, Ok(false)) {
@@ -286,9 +291,6 @@ impl<B: KernelBackend> Engine<B> {
                             running.push(active);
                         }
                         Err(e) => {
-                            for fork in std::mem::take(&mut active.forks) {
-                                let _ = fork.events.send(Event::Failed(e.clone()));
-                            }
                             self.retire(active, Err(e), &mut kept, metrics);
                         }
                     }
@@ -299,7 +301,7 @@ impl<B: KernelBackend> Engine<B> {
             while i < running.len() {
                 if running[i].events.is_closed() {
                     let active = running.swap_remove(i);
-                    let gone = Err("the client went away".to_string());
+                    let gone = Err(Event::Failed("the client went away".into()));
                     self.retire(active, gone, &mut kept, metrics);
                 } else {
                     i += 1;
@@ -333,7 +335,7 @@ impl<B: KernelBackend> Engine<B> {
                 let outcome = match result {
                     Ok(None) => continue,
                     Ok(Some(_)) => Ok(()),
-                    Err(e) => Err(e.to_string()),
+                    Err(e) => Err(failure(e)),
                 };
                 let active = running.swap_remove(i);
                 self.retire(active, outcome, &mut kept, metrics);
@@ -403,7 +405,7 @@ impl<B: KernelBackend> Engine<B> {
                 });
             }
             Err(e) => {
-                let _ = fork.events.send(Event::Failed(e.to_string()));
+                let _ = fork.events.send(failure(e));
             }
         }
     }
@@ -476,16 +478,16 @@ impl<B: KernelBackend> Engine<B> {
             forks,
             forked,
         }: Active<'_, B>,
-        outcome: Result<(), String>,
+        outcome: Result<(), Event>,
         kept: &mut Kept<B>,
         metrics: &Metrics,
     ) {
         metrics.running.fetch_sub(1, Ordering::Relaxed);
         for fork in forks {
-            let _ = fork.events.send(Event::Failed(match &outcome {
-                Err(e) => e.clone(),
-                Ok(()) => "the prompt ended before its other choices started".into(),
-            }));
+            let _ = fork.events.send(match &outcome {
+                Err(event) => event.clone(),
+                Ok(()) => Event::Failed("the prompt ended before its other choices started".into()),
+            });
         }
         let mut rest = String::new();
         // A request's prompt, run once, is counted with its first choice.
@@ -509,7 +511,7 @@ impl<B: KernelBackend> Engine<B> {
             .requests
             .fetch_add(counted(1) as u64, Ordering::Relaxed);
         let _ = events.send(match outcome {
-            Err(e) => Event::Failed(e),
+            Err(event) => event,
             Ok(()) => Event::Done {
                 reason: generation.stop_reason,
                 prompt_tokens,
@@ -517,6 +519,15 @@ impl<B: KernelBackend> Engine<B> {
                 completion_tokens: generation.tokens.len(),
             },
         });
+    }
+}
+
+/// What a failed generation tells its request: a grammar's failure is the request's
+/// (`Refused`), any other the server's.
+fn failure(e: GenerateError) -> Event {
+    match e {
+        GenerateError::Grammar(e) => Event::Refused(format!("response_format: {e}")),
+        e => Event::Failed(e.to_string()),
     }
 }
 

@@ -172,6 +172,7 @@ impl Reply {
                         break reason;
                     }
                     Some(Event::Failed(message)) => return failed(message).into_response(),
+                    Some(Event::Refused(message)) => return refused(message).into_response(),
                     None => return failed("the engine stopped".into()).into_response(),
                 }
             };
@@ -226,6 +227,10 @@ impl Reply {
                     }
                     Event::Failed(message) => {
                         let _ = send(failed(message).body());
+                        return;
+                    }
+                    Event::Refused(message) => {
+                        let _ = send(refused(message).body());
                         return;
                     }
                 };
@@ -367,6 +372,11 @@ impl Usage {
 
 fn failed(message: String) -> ApiError {
     ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, message)
+}
+
+/// A request whose grammar could not be followed (see [`Event::Refused`]).
+fn refused(message: String) -> ApiError {
+    ApiError::invalid_field("response_format", message)
 }
 
 #[cfg(test)]

@@ -132,6 +132,8 @@ bench-1b *args: build llamacpp-venv
 bench-serving *args: build
     {{bin}}/bench --backends flex --streams 1,2,4,8 --python target/llamacpp/venv/bin/python \
         --gguf target/llamacpp/bf16.gguf,target/llamacpp/f32.gguf {{args}}
+    # The same streams each under a JSON Schema's grammar: what constrained decoding costs.
+    {{bin}}/bench --backends flex --streams 1,8 --json-schema scripts/bench-schema.json {{args}}
 
 # Fuzz one parser (gguf, safetensors, config, manifest) for `seconds`; see fuzz/README.md
 fuzz target seconds="300":

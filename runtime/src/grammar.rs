@@ -165,6 +165,11 @@ impl Constraint {
         }
     }
 
+    /// Whether the grammar has ended: nothing but an end id can follow.
+    pub fn is_stopped(&self) -> bool {
+        self.matcher.is_stopped()
+    }
+
     /// Whether the text so far is a whole sentence of the grammar.
     pub fn is_accepting(&mut self) -> bool {
         self.matcher.is_accepting().unwrap_or(false)

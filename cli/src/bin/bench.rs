@@ -15,7 +15,7 @@
 //! those files (scripts/llamacpp_bench.py, the same figures taken the same way), run by run
 //! in turn with ours: `just bench-llamacpp`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Instant;
 
@@ -25,9 +25,11 @@ use cli::BackendKind;
 use runtime::backend::{KernelBackend, Matmul};
 use runtime::cache::KvDtype;
 use runtime::generate::Generator;
+use runtime::grammar::{Constraint, Grammar, Grammars};
 use runtime::load::Weights;
 use runtime::params::params;
 use runtime::sampling::argmax;
+use runtime::tokenizer::Tokenizer;
 use runtime::{FlexBackend, NdArrayBackend};
 use serde::{Deserialize, Serialize};
 
@@ -74,6 +76,11 @@ struct Cli {
     /// Measure batched decoding of this many sequences at once instead (comma-separated).
     #[arg(long, value_delimiter = ',')]
     streams: Vec<usize>,
+    /// With --streams: each sequence's tokens picked greedily under this JSON Schema (its
+    /// grammar's mask computed and applied every step; a fresh one when an answer ends),
+    /// to measure what constrained decoding costs. Not with --gguf.
+    #[arg(long, value_name = "FILE", conflicts_with = "gguf")]
+    json_schema: Option<PathBuf>,
     /// Internal: run one measurement in this process and print it as JSON.
     #[arg(long, hide = true)]
     child: bool,
@@ -157,13 +164,24 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
                 Ok(cache)
             })
             .collect::<Result<Vec<_>>>()?;
+        let mut constrained = match &cli.json_schema {
+            Some(path) => Some(Constrained::new(&generator, &cli.artifacts, path, n)?),
+            None => None,
+        };
         let t = Instant::now();
         for step in 0..STREAM_STEPS {
-            let ids: Vec<u32> = (0..n)
-                .map(|s| ((step * 31 + s * 17) % 40000 + 100) as u32)
-                .collect();
+            let ids: Vec<u32> = match &mut constrained {
+                Some(constrained) => constrained.pick()?,
+                None => (0..n)
+                    .map(|s| ((step * 31 + s * 17) % 40000 + 100) as u32)
+                    .collect(),
+            };
             let mut caches: Vec<_> = caches.iter_mut().collect();
-            std::hint::black_box(generator.decode_each(&ids, &mut caches)?);
+            let logits = generator.decode_each(&ids, &mut caches)?;
+            match &mut constrained {
+                Some(constrained) => constrained.logits = logits,
+                None => drop(std::hint::black_box(logits)),
+            }
         }
         samples.push(StreamSample {
             streams: n,
@@ -172,6 +190,61 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
         });
     }
     Ok(samples)
+}
+
+/// `--json-schema`'s streams: each one's grammar, and the logits it picks from.
+struct Constrained {
+    grammars: Grammars,
+    grammar: Grammar,
+    constraints: Vec<Constraint>,
+    logits: Vec<f32>,
+    vocab: usize,
+}
+
+impl Constrained {
+    fn new<B: KernelBackend>(
+        generator: &Generator<B>,
+        artifacts: &Path,
+        schema: &Path,
+        n: usize,
+    ) -> Result<Self> {
+        let tokenizer = Tokenizer::from_dir(artifacts)?;
+        let vocab = generator.config.vocab_size;
+        let grammars = Grammars::new(&tokenizer, vocab, generator.eos_ids())?;
+        let schema = serde_json::from_str(&std::fs::read_to_string(schema)?)?;
+        let grammar = Grammar::JsonSchema(schema);
+        let constraints = (0..n)
+            .map(|_| grammars.constraint(&grammar))
+            .collect::<Result<_, _>>()?;
+        Ok(Self {
+            grammars,
+            grammar,
+            constraints,
+            // The first step picks from flat logits: whatever the grammar allows first.
+            logits: vec![0.0; n * vocab],
+            vocab,
+        })
+    }
+
+    /// Each stream's next token: the most likely its grammar allows (after an end id, a
+    /// fresh grammar's).
+    fn pick(&mut self) -> Result<Vec<u32>> {
+        let (vocab, grammars, grammar) = (self.vocab, &self.grammars, &self.grammar);
+        let rows = self.logits.chunks_exact_mut(vocab);
+        (self.constraints.iter_mut().zip(rows))
+            .map(|(constraint, logits)| {
+                loop {
+                    let mut masked = logits.to_vec();
+                    constraint.mask(&mut masked)?;
+                    let id = argmax(&masked);
+                    if constraint.consume(id).is_ok() && !constraint.is_stopped() {
+                        return Ok(id);
+                    }
+                    *constraint = grammars.constraint(grammar)?;
+                }
+            })
+            .collect()
+    }
 }
 
 /// `--streams`' table: ours and llama.cpp's batched decoding, run by run in turn.
@@ -192,12 +265,11 @@ fn parent_streams(cli: &Cli) -> Result<()> {
         |engine| match engine {
             Engine::Ours(backend) => {
                 let streams: Vec<String> = cli.streams.iter().map(usize::to_string).collect();
-                child(
-                    cli,
-                    backend,
-                    threads,
-                    &["--streams".into(), streams.join(",")],
-                )
+                let mut extra = vec!["--streams".into(), streams.join(",")];
+                if let Some(schema) = &cli.json_schema {
+                    extra.extend(["--json-schema".into(), schema.display().to_string()]);
+                }
+                child(cli, backend, threads, &extra)
             }
             Engine::LlamaCpp(gguf) => (cli.streams.iter())
                 .map(|&n| {

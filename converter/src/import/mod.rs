@@ -114,7 +114,7 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
     }
 
     let write_json = |name: &str, value: Json| -> Result<()> {
-        let mut text = serde_json::to_string_pretty(&value)?;
+        let mut text = serde_json::to_string_pretty(&sorted(value))?;
         text.push('\n');
         staging.write(name, text.as_bytes())
     };
@@ -338,5 +338,20 @@ mod tests {
         let gguf = permute_rows(&hf, rows, cols, heads);
         assert_ne!(gguf, hf);
         assert_eq!(unpermute_rows(&gguf, &[rows, cols], heads).unwrap(), hf);
+    }
+}
+
+/// `value` with every object's keys in sorted order, as serde_json writes a map unless a
+/// dependency turns on its `preserve_order` feature (llguidance does, for the whole build):
+/// the bytes the artifacts' checksums were made from, whatever the build's features.
+fn sorted(value: Json) -> Json {
+    match value {
+        Json::Object(map) => {
+            let mut entries: Vec<(String, Json)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Json::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Json::Array(items) => Json::Array(items.into_iter().map(sorted).collect()),
+        other => other,
     }
 }

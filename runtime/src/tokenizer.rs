@@ -580,6 +580,71 @@ impl TextStream<'_> {
 mod tests {
     use super::*;
 
+    /// A SentencePiece-style vocabulary (Llama 2's layout: `▁` for spaces, a space
+    /// prepended, byte-fallback pieces): a grammar's token bytes spell what the tokenizer
+    /// encodes (with the prepended space), bytes it has no piece for through their
+    /// `<0xNN>` pieces, and the special tokens are marked.
+    #[test]
+    fn vocabulary_bytes_of_a_sentencepiece_vocabulary() {
+        let special = |id: u32, content: &str| {
+            serde_json::json!({"id": id, "content": content, "single_word": false,
+                "lstrip": false, "rstrip": false, "normalized": false, "special": true})
+        };
+        let mut vocab = serde_json::Map::new();
+        for (id, piece) in ["<unk>", "<s>", "</s>"].iter().enumerate() {
+            vocab.insert(piece.to_string(), id.into());
+        }
+        for byte in 0..=255u32 {
+            vocab.insert(format!("<0x{byte:02X}>"), (3 + byte).into());
+        }
+        for (i, piece) in [
+            "\u{2581}",
+            "h",
+            "e",
+            "l",
+            "o",
+            "w",
+            "r",
+            "d",
+            "\u{2581}h",
+            "ll",
+        ]
+        .iter()
+        .enumerate()
+        {
+            vocab.insert(piece.to_string(), (259 + i).into());
+        }
+        let json = serde_json::json!({
+            "version": "1.0", "truncation": null, "padding": null,
+            "added_tokens": [special(0, "<unk>"), special(1, "<s>"), special(2, "</s>")],
+            "normalizer": {"type": "Sequence", "normalizers": [
+                {"type": "Prepend", "prepend": "\u{2581}"},
+                {"type": "Replace", "pattern": {"String": " "}, "content": "\u{2581}"}]},
+            "pre_tokenizer": null, "post_processor": null,
+            "decoder": {"type": "Sequence", "decoders": [
+                {"type": "Replace", "pattern": {"String": "\u{2581}"}, "content": " "},
+                {"type": "ByteFallback"}, {"type": "Fuse"},
+                {"type": "Strip", "content": " ", "start": 1, "stop": 0}]},
+            "model": {"type": "BPE", "dropout": null, "unk_token": "<unk>",
+                "continuing_subword_prefix": null, "end_of_word_suffix": null,
+                "fuse_unk": true, "byte_fallback": true, "ignore_merges": false,
+                "vocab": vocab, "merges": ["\u{2581} h", "l l"]}
+        });
+        let tokenizer = Tokenizer::from_json(json.to_string().as_bytes(), None).unwrap();
+        let words = tokenizer.vocabulary_bytes();
+        assert_eq!(words.len(), 269);
+        for text in ["hello world", "hold the door", "h\u{e9}llo \u{1f389}"] {
+            let ids = tokenizer.encode(text).unwrap();
+            let bytes: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| words[id as usize].clone())
+                .collect();
+            assert_eq!(bytes, format!(" {text}").into_bytes(), "{text}: {ids:?}");
+        }
+        assert_eq!(words[1], b"\xFF<s>");
+        assert_eq!(words[3 + 0xC3], [0xC3]);
+    }
+
     #[test]
     fn token_bytes_undo_the_byte_level_alphabet_and_byte_fallback() {
         // GPT-2's alphabet, built forward: each byte's character.

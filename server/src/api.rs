@@ -533,8 +533,8 @@ mod tests {
         for (body, expected) in [
             (r#"{"messages":[]}"#, "messages is empty"),
             (
-                r#"{"messages":[{"role":"user","content":"x"}],"n":2}"#,
-                "n other than 1",
+                r#"{"messages":[{"role":"user","content":"x"}],"n":0}"#,
+                "n must be at least 1",
             ),
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"tools":[{}]}"#,

@@ -311,6 +311,21 @@ pub fn unpermute_rows<T: Copy + Default>(
     Ok(out)
 }
 
+/// `value` with every object's keys in sorted order, as serde_json writes a map unless a
+/// dependency turns on its `preserve_order` feature (llguidance does, for the whole build):
+/// the bytes the artifacts' checksums were made from, whatever the build's features.
+fn sorted(value: Json) -> Json {
+    match value {
+        Json::Object(map) => {
+            let mut entries: Vec<(String, Json)> = map.into_iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(&b.0));
+            Json::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
+        }
+        Json::Array(items) => Json::Array(items.into_iter().map(sorted).collect()),
+        other => other,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -338,20 +353,5 @@ mod tests {
         let gguf = permute_rows(&hf, rows, cols, heads);
         assert_ne!(gguf, hf);
         assert_eq!(unpermute_rows(&gguf, &[rows, cols], heads).unwrap(), hf);
-    }
-}
-
-/// `value` with every object's keys in sorted order, as serde_json writes a map unless a
-/// dependency turns on its `preserve_order` feature (llguidance does, for the whole build):
-/// the bytes the artifacts' checksums were made from, whatever the build's features.
-fn sorted(value: Json) -> Json {
-    match value {
-        Json::Object(map) => {
-            let mut entries: Vec<(String, Json)> = map.into_iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(&b.0));
-            Json::Object(entries.into_iter().map(|(k, v)| (k, sorted(v))).collect())
-        }
-        Json::Array(items) => Json::Array(items.into_iter().map(sorted).collect()),
-        other => other,
     }
 }

@@ -12,7 +12,7 @@
 
 use std::sync::Arc;
 
-use llguidance::api::{ParserLimits, TopLevelGrammar};
+use llguidance::api::TopLevelGrammar;
 use llguidance::toktrie::{TokEnv, TokRxInfo, TokTrie, TokenId, TokenizerEnv};
 use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
@@ -107,8 +107,9 @@ impl Grammars {
         let trie = TokTrie::from(&info, &words).with_eos_tokens(end_ids);
         let env: TokEnv = Arc::new(Vocabulary { trie });
         let mut factory = ParserFactory::new_simple(&env).map_err(GrammarError::from)?;
+        // llguidance's default limits bound the work a hostile grammar can ask for
+        // (compiling it, each token's mask) and answer with an error instead.
         factory.quiet();
-        *factory.limits_mut() = limits();
         Ok(Grammars { factory })
     }
 
@@ -124,12 +125,6 @@ impl Grammars {
         matcher.compute_mask_or_eos().map_err(GrammarError::from)?;
         Ok(Constraint { matcher })
     }
-}
-
-/// llguidance's limits, which bound the work a hostile grammar can ask for (compiling it
-/// and each token's mask) and answer with an error instead.
-fn limits() -> ParserLimits {
-    ParserLimits::default()
 }
 
 /// One sequence's grammar: what it allows next, and the tokens taken so far.
@@ -168,11 +163,6 @@ impl Constraint {
     /// Whether the grammar has ended: nothing but an end id can follow.
     pub fn is_stopped(&self) -> bool {
         self.matcher.is_stopped()
-    }
-
-    /// Whether the text so far is a whole sentence of the grammar.
-    pub fn is_accepting(&mut self) -> bool {
-        self.matcher.is_accepting().unwrap_or(false)
     }
 }
 

@@ -38,20 +38,15 @@ const GROUP: usize = 4 * NR;
 /// Inputs per step: a K-quant block, eight Q8_0 or Q4_0 blocks.
 const QK: usize = 256;
 
-/// Whether this CPU runs [`linear_rows`] for `ty` rows of `d_in`: where it runs the
-/// decoding kernels ([`super::runs`]).
-pub fn runs(ty: BlockType, d_in: usize) -> bool {
-    super::runs(ty, d_in)
-}
-
 /// `x` (`rows` rows of `d_in`) times the weight whose rows are `ty` blocks in `weight`:
 /// `rows` rows of `d_out`, each row of x rounded to 8-bit integers first.
 ///
 /// # Panics
-/// Unless [`runs`]`(ty, d_in)` and `weight` is whole rows.
+/// Unless [`super::runs`]`(ty, d_in)` (the decoding kernels' types and shapes) and
+/// `weight` is whole rows.
 pub fn linear_rows(x: &[f32], ty: BlockType, weight: &[u8], d_in: usize) -> Vec<f32> {
     assert!(
-        runs(ty, d_in),
+        super::runs(ty, d_in),
         "no int8 prompt kernel for {ty} rows of {d_in} here"
     );
     let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
@@ -178,7 +173,7 @@ impl Rounded {
     /// columns.
     ///
     /// # Safety
-    /// [`runs`] for `ty`; `out` points at `valid` rows of at least `n` values, `stride`
+    /// [`super::runs`] for `ty`; `out` points at `valid` rows of at least `n` values, `stride`
     /// apart, that nothing else touches meanwhile.
     #[allow(clippy::too_many_arguments)]
     unsafe fn tile(

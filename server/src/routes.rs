@@ -184,18 +184,8 @@ async fn start(
             ),
         ));
     }
-    let max = loaded.tokenizer.max_id();
-    if let Some((id, _)) = request
-        .sampling
-        .logit_bias
-        .iter()
-        .find(|&&(id, _)| id > max)
-    {
-        return Err(ApiError::invalid_field(
-            "logit_bias",
-            format!("logit_bias: token id {id} is not in the vocabulary (0 to {max})"),
-        ));
-    }
+    let biased = request.sampling.logit_bias.iter().map(|&(id, _)| id);
+    in_vocabulary(&loaded.tokenizer, "logit_bias", biased)?;
     let tokenizer = loaded.tokenizer.clone();
     let prompts = request.prompts.clone();
     let specials = state.options.content_specials;
@@ -259,8 +249,8 @@ async fn start(
     Ok((request, receivers))
 }
 
-/// `grammar` compiled for each of `prompts` prompts: 400 naming `response_format` if it
-/// cannot be.
+/// `grammar` compiled once, and a copy of it for each of `prompts` prompts: 400 naming
+/// `response_format` if it cannot be.
 fn constraints(
     state: &State,
     grammar: &Grammar,
@@ -274,9 +264,9 @@ fn constraints(
         .grammars
         .get_or_init(|| Grammars::new(&loaded.tokenizer, loaded.vocab_size, &loaded.end_ids));
     let grammars = grammars.as_ref().map_err(|e| invalid(e.clone()))?;
-    (0..prompts)
-        .map(|_| grammars.constraint(grammar).map_err(invalid))
-        .collect()
+    let first = grammars.constraint(grammar).map_err(invalid)?;
+    let copies: Vec<Constraint> = (1..prompts).map(|_| first.fork()).collect();
+    Ok(std::iter::once(first).chain(copies).collect())
 }
 
 /// A request naming a model must name the one served: an answer must not pass for another
@@ -306,13 +296,7 @@ fn tokenize(
             .map_err(invalid)?,
         Prompt::Text(text) => tokenizer.encode(&text).map_err(invalid)?,
         Prompt::Ids(ids) => {
-            let max = tokenizer.max_id();
-            if let Some(id) = ids.iter().find(|&&id| id > max) {
-                return Err(ApiError::invalid_field(
-                    param,
-                    format!("token id {id} is not in the vocabulary (0 to {max})"),
-                ));
-            }
+            in_vocabulary(tokenizer, param, ids.iter().copied())?;
             ids
         }
     };
@@ -320,6 +304,22 @@ fn tokenize(
         return Err(ApiError::invalid_field(param, "the prompt is empty"));
     }
     Ok(ids)
+}
+
+/// 400 naming `param` unless every id is one the tokenizer has.
+fn in_vocabulary(
+    tokenizer: &Tokenizer,
+    param: &'static str,
+    mut ids: impl Iterator<Item = u32>,
+) -> Result<(), ApiError> {
+    let max = tokenizer.max_id();
+    match ids.find(|&id| id > max) {
+        Some(id) => Err(ApiError::invalid_field(
+            param,
+            format!("{param}: token id {id} is not in the vocabulary (0 to {max})"),
+        )),
+        None => Ok(()),
+    }
 }
 
 /// How to continue a prompt of `prompt_tokens` tokens: what is asked for must fit the

@@ -30,10 +30,7 @@ pub fn run<B: KernelBackend>(
     }
     let start = || -> Vec<Message> {
         system
-            .map(|s| Message {
-                role: "system".into(),
-                content: s.into(),
-            })
+            .map(|s| Message::new("system", s))
             .into_iter()
             .collect()
     };
@@ -63,10 +60,7 @@ pub fn run<B: KernelBackend>(
             }
             _ => {}
         }
-        messages.push(Message {
-            role: "user".into(),
-            content: line.into(),
-        });
+        messages.push(Message::new("user", line));
         // In a child process, as `--chat` renders: the template comes with the model.
         let prompt = tokenizer
             .encode_messages(messages.clone(), &render_in_child, specials)
@@ -115,9 +109,6 @@ pub fn run<B: KernelBackend>(
             eprintln!("(stopped)");
         }
         kept = Some(cache);
-        messages.push(Message {
-            role: "assistant".into(),
-            content: answer.text,
-        });
+        messages.push(Message::new("assistant", answer.text));
     }
 }

@@ -87,10 +87,7 @@ fn count(tokenizer: &Tokenizer, system: Option<&str>, user: &str) -> u64 {
         .map(|s| ("system", s))
         .into_iter()
         .chain([("user", user)])
-        .map(|(role, content)| Message {
-            role: role.into(),
-            content: content.into(),
-        })
+        .map(|(role, content)| Message::new(role, content))
         .collect();
     let ids = tokenizer
         .encode_messages(messages, &ChatRequest::render, ContentSpecials::Live)

@@ -16,6 +16,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+mod tojson;
+use tojson::tojson;
+
 /// Bounds on one rendering: enough for any real template over a long conversation, far too
 /// little to hang or exhaust memory.
 const FUEL: u64 = 1_000_000;
@@ -41,11 +44,52 @@ impl ChatError {
     }
 }
 
-/// One message of a chat.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+/// One message of a chat: a turn's text, the tool calls an assistant turn made, or what a
+/// tool returned to one of them (`role: "tool"`). Serialized as transformers' templates see
+/// a message: each field only where set, as transformers 5 leaves out a message's `None`
+/// values (Llama 3's template asks `'tool_calls' in message`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Message {
     pub role: String,
-    pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_calls: Option<Vec<ToolCall>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tool_call_id: Option<String>,
+}
+
+impl Message {
+    /// A message of text.
+    pub fn new(role: impl Into<String>, content: impl Into<String>) -> Self {
+        Message {
+            role: role.into(),
+            content: Some(content.into()),
+            tool_calls: None,
+            tool_call_id: None,
+        }
+    }
+
+    /// The content, empty when there is none.
+    pub fn text(&self) -> &str {
+        self.content.as_deref().unwrap_or_default()
+    }
+}
+
+/// A call an assistant turn made: OpenAI's shape, with the arguments as a JSON value (the
+/// templates write them with `tojson`, so a string of JSON would print quoted).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToolCall {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCall,
+}
+
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FunctionCall {
+    pub name: String,
+    pub arguments: serde_json::Value,
 }
 
 /// A chat template with what it is rendered over.
@@ -55,6 +99,14 @@ pub struct ChatRequest {
     pub bos_token: String,
     pub eos_token: String,
     pub messages: Vec<Message>,
+    /// The tools offered (OpenAI's `{type: "function", function: {...}}` objects), as
+    /// transformers' `apply_chat_template(tools=...)` passes them; `none` without.
+    #[serde(default)]
+    pub tools: Option<Vec<serde_json::Value>>,
+    /// Further variables for the template (llama-server's and vLLM's
+    /// `chat_template_kwargs`: Llama 3's `date_string`, Qwen3's `enable_thinking`).
+    #[serde(default)]
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl ChatRequest {
@@ -91,12 +143,15 @@ impl ChatRequest {
             })?;
             Ok::<_, minijinja::Error>(out)
         });
+        env.add_filter("tojson", tojson);
         env.add_template("chat", &self.template).map_err(error)?;
         let context = minijinja::context! {
             messages => self.messages,
+            tools => self.tools,
             add_generation_prompt => true,
             bos_token => self.bos_token,
             eos_token => self.eos_token,
+            ..minijinja::Value::from_serialize(&self.kwargs)
         };
         let mut out = LimitedOutput(Vec::new());
         let template = env.get_template("chat").map_err(error)?;
@@ -136,7 +191,10 @@ impl ChatRequest {
         let marker = self.unused_marker();
         let mut skeleton = self.clone();
         for (i, message) in skeleton.messages.iter_mut().enumerate() {
-            message.content = format!("{marker}{i}{marker}");
+            // A message without content keeps none: templates branch on that.
+            if message.content.is_some() {
+                message.content = Some(format!("{marker}{i}{marker}"));
+            }
         }
         // A template that fails on the markers tells nothing about where contents are.
         let skeleton = render(&skeleton).ok()?;
@@ -147,12 +205,10 @@ impl ChatRequest {
     /// come from a content's marker.
     fn unused_marker(&self) -> String {
         let mut marker = String::from('\u{E000}');
-        let used = |marker: &str| {
-            [&self.template, &self.bos_token, &self.eos_token]
-                .into_iter()
-                .chain(self.messages.iter().flat_map(|m| [&m.role, &m.content]))
-                .any(|text| text.contains(marker))
-        };
+        // Everything a rendering can copy from: the request's JSON holds the template,
+        // each message and tool, and writes U+E000 as itself.
+        let request = serde_json::to_string(self).expect("a request always serializes");
+        let used = |marker: &str| request.contains(marker);
         while used(&marker) {
             marker = marker.repeat(2);
         }
@@ -178,7 +234,7 @@ fn match_skeleton(
     let mut at = follows(0, parts.next()?)?;
     let mut contents = Vec::new();
     while let Some(index) = parts.next() {
-        let content = messages.get(index.parse::<usize>().ok()?)?.content.as_str();
+        let content = messages.get(index.parse::<usize>().ok()?)?.text();
         let literal = parts.next()?;
         let (end, next) = [content, content.trim()].into_iter().find_map(|written| {
             let end = follows(at, written)?;
@@ -365,11 +421,10 @@ mod tests {
             eos_token: "<|eot_id|>".into(),
             messages: messages
                 .iter()
-                .map(|&(role, content)| Message {
-                    role: role.into(),
-                    content: content.into(),
-                })
+                .map(|&(role, content)| Message::new(role, content))
                 .collect(),
+            tools: None,
+            kwargs: Default::default(),
         }
     }
 

@@ -25,6 +25,18 @@ use crate::tokenizer::Tokenizer;
 /// vLLM users have seen. A schema's own `x-guidance` options replace this.
 const WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,24}";
 
+/// `schema` with [`WHITESPACE`] as the whitespace its JSON may have, unless it says its own.
+pub(crate) fn bounded_whitespace(schema: Value) -> Value {
+    match schema {
+        Value::Object(mut schema) if !schema.contains_key("x-guidance") => {
+            let options = serde_json::json!({ "whitespace_pattern": WHITESPACE });
+            schema.insert("x-guidance".into(), options);
+            Value::Object(schema)
+        }
+        schema => schema,
+    }
+}
+
 /// What a generation's text must match.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Grammar {
@@ -44,15 +56,9 @@ impl Grammar {
 
     fn top_level(&self) -> TopLevelGrammar {
         match self {
-            Grammar::JsonSchema(Value::Object(schema)) if !schema.contains_key("x-guidance") => {
-                let mut schema = schema.clone();
-                schema.insert(
-                    "x-guidance".into(),
-                    serde_json::json!({ "whitespace_pattern": WHITESPACE }),
-                );
-                TopLevelGrammar::from_json_schema(Value::Object(schema))
+            Grammar::JsonSchema(schema) => {
+                TopLevelGrammar::from_json_schema(bounded_whitespace(schema.clone()))
             }
-            Grammar::JsonSchema(schema) => TopLevelGrammar::from_json_schema(schema.clone()),
             Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
             Grammar::Regex(regex) => TopLevelGrammar::from_regex(regex),
         }

@@ -53,6 +53,7 @@ pub mod record;
 pub mod rope;
 pub mod sampling;
 pub mod tokenizer;
+pub mod tools;
 pub mod weights_file;
 
 #[cfg(test)]

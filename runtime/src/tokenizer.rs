@@ -43,6 +43,10 @@ pub enum TokenizerError {
         "a message holds the special token {token:?}, and this model's chat template changes message contents too much to keep it as text; remove it from the message, or allow special tokens in messages"
     )]
     SpecialTokenInContent { token: String },
+    #[error(
+        "a tool or tool call holds the special token {token:?}, which the chat template would write as a control token; remove it, or allow special tokens in messages"
+    )]
+    SpecialTokenInTools { token: String },
 }
 
 /// What the text of a special token (`<|im_start|>`) inside a message's content becomes.
@@ -228,6 +232,11 @@ impl Tokenizer {
         if specials == ContentSpecials::Live {
             return self.encode_rendered(&render(request)?);
         }
+        if let Some(token) = self.special_text_in_tools(request) {
+            return Err(TokenizerError::SpecialTokenInTools {
+                token: token.to_string(),
+            });
+        }
         let chat = request.render_located(render)?;
         if let Some(contents) = &chat.contents {
             return self.encode_contents_as_text(&chat.text, contents);
@@ -244,9 +253,27 @@ impl Tokenizer {
 
     /// The first special token whose text a message's content holds.
     fn special_text_in(&self, messages: &[Message]) -> Option<&str> {
+        self.special_text(messages.iter().map(Message::text))
+    }
+
+    /// The first special token whose text a tool or a tool call holds: a template writes
+    /// those through `tojson`, where no content marker can locate them.
+    fn special_text_in_tools(&self, request: &ChatRequest) -> Option<&str> {
+        let json = |value: serde_json::Result<String>| value.expect("JSON values serialize");
+        let calls = (request.messages.iter()).filter_map(|m| {
+            m.tool_calls
+                .as_ref()
+                .map(|c| json(serde_json::to_string(c)))
+        });
+        let tools = (request.tools.as_ref()).map(|t| json(serde_json::to_string(t)));
+        let texts: Vec<String> = calls.chain(tools).collect();
+        self.special_text(texts.iter().map(String::as_str))
+    }
+
+    fn special_text<'a>(&self, texts: impl Iterator<Item = &'a str> + Clone) -> Option<&str> {
         self.special_tokens
             .values()
-            .find(|token| messages.iter().any(|m| m.content.contains(token.as_str())))
+            .find(|token| texts.clone().any(|text| text.contains(token.as_str())))
             .map(String::as_str)
     }
 
@@ -346,6 +373,16 @@ impl Tokenizer {
         Ok(self.chat_request(system, user)?.render()?)
     }
 
+    /// The chat template, if the model has one.
+    pub fn chat_template(&self) -> Option<&str> {
+        self.chat_template.as_deref()
+    }
+
+    /// Renders chats with `template` from now on instead of the model's.
+    pub fn set_chat_template(&mut self, template: String) {
+        self.chat_template = Some(template);
+    }
+
     /// A one-turn chat (optional system message, one user message) for the model's chat
     /// template.
     pub fn chat_request(
@@ -353,10 +390,7 @@ impl Tokenizer {
         system: Option<&str>,
         user: &str,
     ) -> Result<ChatRequest, TokenizerError> {
-        let message = |role: &str, content: &str| Message {
-            role: role.into(),
-            content: content.into(),
-        };
+        let message = |role: &str, content: &str| Message::new(role, content);
         let mut messages = Vec::new();
         messages.extend(system.map(|system| message("system", system)));
         messages.push(message("user", user));
@@ -375,6 +409,8 @@ impl Tokenizer {
             bos_token: self.bos_token.clone(),
             eos_token: self.eos_token.clone(),
             messages,
+            tools: None,
+            kwargs: Default::default(),
         })
     }
 
@@ -703,10 +739,7 @@ mod tests {
     }
 
     fn user(content: &str) -> Vec<Message> {
-        vec![Message {
-            role: "user".into(),
-            content: content.into(),
-        }]
+        vec![Message::new("user", content)]
     }
 
     /// A content's `</s>` read as text gets the ids that a tokenizer without `</s>` as an

@@ -60,10 +60,10 @@ fn options(grammar: Option<Grammar>, temperature: f32, seed: u64, max: usize) ->
 
 /// A chat prompt asking for JSON.
 fn prompt(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
-    let messages = vec![runtime::chat::Message {
-        role: "user".into(),
-        content: format!("{text} Answer in JSON."),
-    }];
+    let messages = vec![runtime::chat::Message::new(
+        "user",
+        format!("{text} Answer in JSON."),
+    )];
     let render = |request: &runtime::chat::ChatRequest| request.render();
     tokenizer
         .encode_messages(messages, &render, Default::default())

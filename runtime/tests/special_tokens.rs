@@ -165,10 +165,7 @@ fn families() -> Vec<Family> {
 }
 
 fn message(role: &str, content: &str) -> Message {
-    Message {
-        role: role.into(),
-        content: content.into(),
-    }
+    Message::new(role, content)
 }
 
 /// Contents without special-token text: digits, other scripts, emoji, spaces and newlines

@@ -3,9 +3,10 @@
 //! (400) rather than ignored: a client that asks for `n: 3` or tools must not get one plain
 //! answer as if that were what it asked for.
 
-use runtime::chat::Message;
+use runtime::chat::{FunctionCall, Message, ToolCall};
 use runtime::grammar::Grammar;
 use runtime::sampling::SamplingParams;
+use runtime::tools::Tool;
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -44,6 +45,39 @@ pub struct Request {
     pub n: usize,
     /// What the answer must match (`response_format`), compiled by the HTTP side.
     pub grammar: Option<Grammar>,
+    /// The tools offered to a chat, if any.
+    pub tools: Option<Tools>,
+    /// Further variables for the chat template (`chat_template_kwargs`).
+    pub template_kwargs: Map<String, Value>,
+}
+
+/// Most tools one request may offer (OpenAI's limit).
+pub const MAX_TOOLS: usize = 128;
+
+/// The tools a chat offers and how the model may use them.
+#[derive(Debug, Clone)]
+pub struct Tools {
+    /// The `tools` objects as sent, for the chat template.
+    pub offered: Vec<Value>,
+    /// Each tool's name and parameters' schema, in order.
+    pub functions: Vec<Tool>,
+    pub choice: ToolChoice,
+    /// `parallel_tool_calls`: whether a forced answer may call several tools.
+    pub parallel: bool,
+}
+
+/// `tool_choice`.
+#[derive(Debug, Clone, PartialEq)]
+pub enum ToolChoice {
+    /// Text only: the tools are in the prompt (earlier turns may have used them), and the
+    /// answer is not read for calls.
+    None,
+    /// The model's choice: its answer is read for calls.
+    Auto,
+    /// At least one call, of any tool, enforced by a grammar.
+    Required,
+    /// A call of this tool, enforced by a grammar.
+    Function(String),
 }
 
 /// The prompt: a conversation for the chat template, plain text, or token ids.
@@ -89,6 +123,21 @@ struct Part {
 struct ChatMessage {
     role: String,
     content: Option<Content>,
+    tool_calls: Option<Vec<SentCall>>,
+    tool_call_id: Option<String>,
+}
+
+/// A call an earlier assistant turn made, as OpenAI sends it back: its arguments a string.
+#[derive(Deserialize)]
+struct SentCall {
+    id: String,
+    function: SentFunction,
+}
+
+#[derive(Deserialize)]
+struct SentFunction {
+    name: String,
+    arguments: String,
 }
 
 #[derive(Deserialize)]
@@ -128,13 +177,116 @@ pub fn chat(body: &[u8]) -> Result<Request, ApiError> {
         (true, top) => Some(top.unwrap_or(0)),
         (false, None) => None,
     };
-    no_tool_calls(&mut fields, "tools", "tool_choice")?;
+    let tools = tools(&mut fields)?;
     no_tool_calls(&mut fields, "functions", "function_call")?;
-    // Only how tool calls would be made, and there are none.
-    take::<bool>(&mut fields, "parallel_tool_calls")?;
+    if grammar.is_some() && tools.as_ref().is_some_and(|t| t.choice != ToolChoice::None) {
+        return Err(ApiError::invalid_field(
+            "response_format",
+            "response_format cannot be combined with tools unless tool_choice is none",
+        ));
+    }
+    let template_kwargs = take(&mut fields, "chat_template_kwargs")?.unwrap_or_default();
     let mut request = common(fields, vec![Prompt::Chat(messages)], max_tokens, logprobs)?;
     request.grammar = grammar;
+    request.tools = tools;
+    request.template_kwargs = template_kwargs;
     Ok(request)
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`: `None` when no tool is offered (an
+/// empty list offers none), where `tool_choice` may only be `none` or `auto`.
+fn tools(fields: &mut Map<String, Value>) -> Result<Option<Tools>, ApiError> {
+    let offered: Vec<Value> = take(fields, "tools")?.unwrap_or_default();
+    let choice = take::<Value>(fields, "tool_choice")?;
+    let parallel = take(fields, "parallel_tool_calls")?.unwrap_or(true);
+    let invalid = |message: String| ApiError::invalid_field("tools", message);
+    if offered.len() > MAX_TOOLS {
+        return Err(invalid(format!(
+            "{} tools; at most {MAX_TOOLS}",
+            offered.len()
+        )));
+    }
+    let mut functions: Vec<Tool> = Vec::with_capacity(offered.len());
+    for tool in &offered {
+        let function = match (tool.get("type"), tool.get("function")) {
+            (Some(kind), Some(function)) if kind == "function" => function,
+            _ => {
+                return Err(invalid(
+                    "each tool must be {\"type\": \"function\", \"function\": {...}}".into(),
+                ));
+            }
+        };
+        let name = (function.get("name").and_then(Value::as_str))
+            .filter(|name| valid_name(name))
+            .ok_or_else(|| {
+                invalid("each function needs a name of 1 to 64 letters, digits, _ or -".into())
+            })?;
+        if functions.iter().any(|f| f.name == name) {
+            return Err(invalid(format!("two tools are named {name:?}")));
+        }
+        let parameters = match function.get("parameters") {
+            None => serde_json::json!({"type": "object", "properties": {}}),
+            Some(schema @ Value::Object(_)) => schema.clone(),
+            Some(_) => {
+                return Err(invalid(format!(
+                    "the parameters of {name:?} must be a JSON Schema object"
+                )));
+            }
+        };
+        functions.push(Tool {
+            name: name.into(),
+            parameters,
+        });
+    }
+    let choice = match choice {
+        None => ToolChoice::Auto,
+        Some(Value::String(choice)) => match choice.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            _ => return Err(invalid_choice()),
+        },
+        Some(choice) => {
+            let name = (choice.get("type").filter(|kind| *kind == "function"))
+                .and_then(|_| choice.get("function")?.get("name")?.as_str())
+                .ok_or_else(invalid_choice)?;
+            if !functions.iter().any(|f| f.name == name) {
+                return Err(ApiError::invalid_field(
+                    "tool_choice",
+                    format!("tool_choice names {name:?}, which is not among the tools"),
+                ));
+            }
+            ToolChoice::Function(name.into())
+        }
+    };
+    if functions.is_empty() {
+        return match choice {
+            ToolChoice::None | ToolChoice::Auto => Ok(None),
+            _ => Err(ApiError::invalid_field(
+                "tool_choice",
+                "tool_choice asks for a tool call, but no tools are given",
+            )),
+        };
+    }
+    Ok(Some(Tools {
+        offered,
+        functions,
+        choice,
+        parallel,
+    }))
+}
+
+fn invalid_choice() -> ApiError {
+    ApiError::invalid_field(
+        "tool_choice",
+        "tool_choice must be none, auto, required or {\"type\": \"function\", \"function\": {\"name\": ...}}",
+    )
+}
+
+/// OpenAI's rule for a function's name.
+fn valid_name(name: &str) -> bool {
+    (1..=64).contains(&name.len())
+        && (name.bytes()).all(|b| b.is_ascii_alphanumeric() || b == b'_' || b == b'-')
 }
 
 /// OpenAI's `response_format`: `text`; `json_object` (any JSON object; with a `schema`, as
@@ -354,6 +506,8 @@ fn common(
         cache_salt,
         n,
         grammar: None,
+        tools: None,
+        template_kwargs: Map::new(),
     })
 }
 
@@ -440,40 +594,81 @@ fn seed(fields: &mut Map<String, Value>) -> Result<Option<u64>, ApiError> {
 }
 
 fn message(message: ChatMessage) -> Result<Message, ApiError> {
+    let invalid = |text: String| ApiError::invalid_field("messages", text);
     if !matches!(
         message.role.as_str(),
-        "system" | "developer" | "user" | "assistant"
+        "system" | "developer" | "user" | "assistant" | "tool"
     ) {
-        return Err(ApiError::invalid_field(
-            "messages",
-            format!("message role {:?} is not supported", message.role),
-        ));
+        return Err(invalid(format!(
+            "message role {:?} is not supported",
+            message.role
+        )));
     }
     let content = match message.content {
-        None => String::new(),
-        Some(Content::Text(text)) => text,
+        None => None,
+        Some(Content::Text(text)) => Some(text),
         Some(Content::Parts(parts)) => {
             let mut text = String::new();
             for part in parts {
                 match (part.kind.as_str(), part.text) {
                     ("text", Some(t)) => text.push_str(&t),
                     (kind, _) => {
-                        return Err(ApiError::invalid_field(
-                            "messages",
-                            format!("content part of type {kind:?} is not supported"),
-                        ));
+                        return Err(invalid(format!(
+                            "content part of type {kind:?} is not supported"
+                        )));
                     }
                 }
             }
-            text
+            Some(text)
         }
+    };
+    // The templates write a call's arguments with `tojson`: an object, not its text.
+    let tool_calls = match (message.role.as_str(), message.tool_calls) {
+        (_, None) => None,
+        ("assistant", Some(calls)) => Some(
+            (calls.into_iter())
+                .map(|call| {
+                    let arguments =
+                        serde_json::from_str(&call.function.arguments).map_err(|e| {
+                            invalid(format!(
+                                "the arguments of tool call {:?} are not JSON: {e}",
+                                call.id
+                            ))
+                        })?;
+                    Ok(ToolCall {
+                        id: call.id,
+                        kind: "function".into(),
+                        function: FunctionCall {
+                            name: call.function.name,
+                            arguments,
+                        },
+                    })
+                })
+                .collect::<Result<Vec<_>, ApiError>>()?,
+        ),
+        (role, Some(_)) => {
+            return Err(invalid(format!("a {role} message cannot have tool_calls")));
+        }
+    };
+    if message.role == "tool" && message.tool_call_id.is_none() {
+        return Err(invalid("a tool message needs tool_call_id".into()));
+    }
+    // Without content or calls, an empty text (as before tool calls were read).
+    let content = match (&content, &tool_calls) {
+        (None, None) => Some(String::new()),
+        _ => content,
     };
     // OpenAI's newer name for the system role; chat templates know "system".
     let role = match message.role.as_str() {
         "developer" => "system".to_string(),
         _ => message.role,
     };
-    Ok(Message { role, content })
+    Ok(Message {
+        role,
+        content,
+        tool_calls,
+        tool_call_id: message.tool_call_id,
+    })
 }
 
 fn unsupported(field: &'static str) -> ApiError {
@@ -524,7 +719,7 @@ mod tests {
         let [Prompt::Chat(messages)] = &request.prompts[..] else {
             panic!("a chat prompt")
         };
-        assert_eq!(messages[1].content, "Hi");
+        assert_eq!(messages[1].text(), "Hi");
         assert_eq!(request.max_tokens, Some(7));
         assert_eq!(request.sampling.temperature, 0.0);
         assert_eq!(request.sampling.seed, 5);
@@ -538,7 +733,7 @@ mod tests {
             ),
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"tools":[{}]}"#,
-                "tools",
+                "each tool must be",
             ),
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"top_logprobs":2}"#,
@@ -554,7 +749,11 @@ mod tests {
             ),
             (
                 r#"{"messages":[{"role":"tool","content":"x"}]}"#,
-                "role \"tool\"",
+                "needs tool_call_id",
+            ),
+            (
+                r#"{"messages":[{"role":"function","content":"x"}]}"#,
+                "role \"function\"",
             ),
             (
                 r#"{"messages":[{"role":"user","content":"x"}],"temperature":-1}"#,
@@ -628,23 +827,94 @@ mod tests {
                 .max_tokens_param,
             "max_completion_tokens"
         );
-        // Tools the request says not to call; no tools and the default choice.
-        let tools = r#","tools":[{"type":"function","function":{"name":"f"}}]"#;
-        chat_with(&format!(
-            r#"{tools},"tool_choice":"none","parallel_tool_calls":false"#
-        ))
-        .unwrap();
+        // No tools and the default choice; the older functions not called.
         chat_with(r#","tools":[],"tool_choice":"auto""#).unwrap();
         chat_with(r#","functions":[{"name":"f"}],"function_call":"none""#).unwrap();
-        assert_eq!(param_of(chat_with(tools)), Some("tools"));
-        let required = format!(r#"{tools},"tool_choice":"required""#);
-        assert_eq!(param_of(chat_with(&required)), Some("tools"));
         let choice = r#","tool_choice":{"type":"function","function":{"name":"f"}}"#;
         assert_eq!(param_of(chat_with(choice)), Some("tool_choice"));
         // best_of 1 is what happens anyway; a salt is kept.
         completion_with(r#""x""#, r#","best_of":1"#).unwrap();
         let salted = chat_with(r#","cache_salt":"tenant-7""#).unwrap();
         assert_eq!(salted.cache_salt.as_deref(), Some("tenant-7"));
+    }
+
+    /// Tools, each choice of how to use them, and a conversation that used them.
+    #[test]
+    fn tools_and_tool_messages_are_read() {
+        let tools = r#","tools":[{"type":"function","function":{"name":"f","parameters":{"type":"object","properties":{"x":{"type":"integer"}}}}},{"type":"function","function":{"name":"g-2"}}]"#;
+        let read = |more: &str| chat_with(&format!("{tools}{more}")).map(|r| r.tools.unwrap());
+        let auto = read("").unwrap();
+        assert_eq!((auto.choice, auto.parallel), (ToolChoice::Auto, true));
+        assert_eq!(auto.functions[1].name, "g-2");
+        assert_eq!(auto.functions[1].parameters["type"], "object");
+        assert_eq!(auto.offered.len(), 2);
+        assert_eq!(
+            read(r#","tool_choice":"none""#).unwrap().choice,
+            ToolChoice::None
+        );
+        let required = read(r#","tool_choice":"required","parallel_tool_calls":false"#).unwrap();
+        assert_eq!(
+            (required.choice, required.parallel),
+            (ToolChoice::Required, false)
+        );
+        let named = read(r#","tool_choice":{"type":"function","function":{"name":"g-2"}}"#);
+        assert_eq!(named.unwrap().choice, ToolChoice::Function("g-2".into()));
+        for (more, param, expected) in [
+            (
+                r#","tool_choice":{"type":"function","function":{"name":"h"}}"#,
+                "tool_choice",
+                "not among the tools",
+            ),
+            (
+                r#","tool_choice":"always""#,
+                "tool_choice",
+                "must be none, auto",
+            ),
+            (
+                r#","response_format":{"type":"json_object"}"#,
+                "response_format",
+                "cannot be combined",
+            ),
+        ] {
+            let error = read(more).unwrap_err();
+            assert_eq!(error.param, Some(param), "{more}");
+            assert!(
+                error.message.contains(expected),
+                "{more}: {}",
+                error.message
+            );
+        }
+        let many: Vec<String> = (0..=MAX_TOOLS)
+            .map(|i| format!(r#"{{"type":"function","function":{{"name":"f{i}"}}}}"#))
+            .collect();
+        for (tools, expected) in [
+            (format!("[{}]", many.join(",")), "at most 128"),
+            (r#"[{"type":"function","function":{"name":"a b"}}]"#.into(), "letters, digits"),
+            (r#"[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]"#.into(), "two tools"),
+            (r#"[{"type":"function","function":{"name":"f","parameters":[]}}]"#.into(), "JSON Schema object"),
+        ] {
+            let error = chat_with(&format!(r#","tools":{tools}"#)).unwrap_err();
+            assert_eq!(error.param, Some("tools"));
+            assert!(error.message.contains(expected), "{}", error.message);
+        }
+        let error = chat_with(r#","tool_choice":"required""#).unwrap_err();
+        assert_eq!(error.param, Some("tool_choice"));
+        // A conversation with a call and its result: the arguments read as JSON.
+        let request = chat(
+            br#"{"messages":[{"role":"user","content":"x"},
+               {"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\": 1}"}}]},
+               {"role":"tool","tool_call_id":"c1","content":"2"}]}"#,
+        )
+        .unwrap();
+        let [Prompt::Chat(messages)] = &request.prompts[..] else {
+            panic!("a chat prompt")
+        };
+        let calls = messages[1].tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0].function.arguments, serde_json::json!({"x": 1}));
+        assert_eq!(messages[1].content, None);
+        assert_eq!(messages[2].tool_call_id.as_deref(), Some("c1"));
+        let broken = r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{x"}}]}]}"#;
+        assert!(chat_error(broken).contains("not JSON"));
     }
 
     #[test]

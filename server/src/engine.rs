@@ -159,7 +159,8 @@ pub enum Event {
     },
     Failed(String),
     /// The request cannot be served as asked, found only while generating: its grammar
-    /// went past llguidance's limits (a 400 naming `response_format`, if nothing was sent).
+    /// went past llguidance's limits (a 400 naming the field the grammar came from, if
+    /// nothing was sent).
     Refused(String),
 }
 
@@ -526,7 +527,7 @@ impl<B: KernelBackend> Engine<B> {
 /// (`Refused`), any other the server's.
 fn failure(e: GenerateError) -> Event {
     match e {
-        GenerateError::Grammar(e) => Event::Refused(format!("response_format: {e}")),
+        GenerateError::Grammar(e) => Event::Refused(e.to_string()),
         e => Event::Failed(e.to_string()),
     }
 }

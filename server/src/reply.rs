@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use runtime::generate::StopReason;
+use runtime::tools::{Call, Delta, Format, Parser};
 use serde_json::{Value, json};
 use tokio::sync::mpsc as async_mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
@@ -35,6 +36,16 @@ pub(crate) struct Reply {
     model: String,
     /// Whether the request asked for log-probabilities (else `logprobs` is null).
     logprobs: bool,
+    /// The request field a grammar it follows came from, for errors.
+    pub grammar_param: &'static str,
+    /// How to read a chat's answers for tool calls, if the request offered tools.
+    pub tools: Option<ToolReading>,
+}
+
+/// How a request's answers are read for tool calls: the format and the offered tools.
+pub(crate) struct ToolReading {
+    pub format: Format,
+    pub names: Vec<String>,
 }
 
 /// What one choice has sent so far, while streaming.
@@ -44,6 +55,19 @@ struct Streamed {
     text: String,
     pending: Pending,
     offsets: Offsets,
+    /// Reads the text for tool calls (when tools were offered).
+    parser: Option<Parser>,
+    /// Calls sent so far.
+    calls: usize,
+    /// Log-probabilities of text the parser holds, sent with the next chunk.
+    held: Vec<Logprob>,
+}
+
+/// What a chat choice's chunk carries.
+enum Piece<'a> {
+    Text(Option<&'a str>),
+    /// The `index`th call of the choice.
+    Call(usize, &'a Call),
 }
 
 impl Reply {
@@ -61,6 +85,8 @@ impl Reply {
                 .map_or(0, |d| d.as_secs()),
             model,
             logprobs,
+            grammar_param: "response_format",
+            tools: None,
         }
     }
 
@@ -73,20 +99,26 @@ impl Reply {
     }
 
     /// Choice `index`: the whole text, or a streamed delta, with `logprobs` (the value of
-    /// its `logprobs` field).
+    /// its `logprobs` field). `called`: the choice made tool calls, which is what ended it
+    /// unless it ran out of tokens.
     fn choice(
         &self,
         index: usize,
-        text: Option<&str>,
+        piece: Piece,
         first: bool,
-        finish: Option<StopReason>,
+        finish: Option<(StopReason, bool)>,
         chunk: bool,
         logprobs: Value,
     ) -> Value {
-        let finish_reason = finish.map(|reason| match reason {
-            StopReason::Eos | StopReason::Stop => "stop",
+        let finish_reason = finish.map(|(reason, called)| match reason {
             StopReason::Length => "length",
+            StopReason::Eos | StopReason::Stop if called => "tool_calls",
+            StopReason::Eos | StopReason::Stop => "stop",
         });
+        let text = match piece {
+            Piece::Text(text) => text,
+            Piece::Call(..) => None,
+        };
         match (self.kind, chunk) {
             (Kind::Chat, false) => json!({
                 "index": index, "logprobs": logprobs, "finish_reason": finish_reason,
@@ -99,6 +131,9 @@ impl Reply {
                 }
                 if let Some(text) = text {
                     delta.insert("content".into(), text.into());
+                }
+                if let Piece::Call(at, call) = piece {
+                    delta.insert("tool_calls".into(), json!([call_value(Some(at), call)]));
                 }
                 json!({"index": index, "logprobs": logprobs, "finish_reason": finish_reason, "delta": delta})
             }
@@ -172,13 +207,30 @@ impl Reply {
                         break reason;
                     }
                     Some(Event::Failed(message)) => return failed(message).into_response(),
-                    Some(Event::Refused(message)) => return refused(message).into_response(),
+                    Some(Event::Refused(message)) => {
+                        return self.refused(message).into_response();
+                    }
                     None => return failed("the engine stopped".into()).into_response(),
                 }
             };
             let offsets = Offsets::default().next(&text, &logprobs);
             let logprobs = self.logprobs_value(&logprobs, &offsets);
-            choices.push(self.choice(index, Some(&text), false, Some(reason), false, logprobs));
+            let Some(tools) = &self.tools else {
+                let piece = Piece::Text(Some(&text));
+                let choice =
+                    self.choice(index, piece, false, Some((reason, false)), false, logprobs);
+                choices.push(choice);
+                continue;
+            };
+            let (content, calls) = Parser::parse(tools.format, tools.names.clone(), &text);
+            let finish = Some((reason, !calls.is_empty()));
+            let mut choice = self.choice(index, Piece::Text(None), false, finish, false, logprobs);
+            choice["message"]["content"] = content.into();
+            if !calls.is_empty() {
+                let calls = calls.iter().map(|call| call_value(None, call));
+                choice["message"]["tool_calls"] = calls.collect();
+            }
+            choices.push(choice);
         }
         Json(self.envelope(choices, Some(usage.value()), false)).into_response()
     }
@@ -195,7 +247,13 @@ impl Reply {
         let (out, stream) = async_mpsc::unbounded_channel();
         tokio::spawn(async move {
             let send = |value: Value| out.send(Ok(SseEvent::default().data(value.to_string())));
-            let mut choices: Vec<Streamed> = events.iter().map(|_| Streamed::default()).collect();
+            let mut choices: Vec<Streamed> = (events.iter())
+                .map(|_| Streamed {
+                    parser: (self.tools.as_ref())
+                        .map(|tools| Parser::new(tools.format, tools.names.clone())),
+                    ..Streamed::default()
+                })
+                .collect();
             let mut events: StreamMap<usize, UnboundedReceiverStream<Event>> =
                 (events.into_iter().map(UnboundedReceiverStream::new))
                     .enumerate()
@@ -204,7 +262,7 @@ impl Reply {
             let mut running = choices.len();
             while let Some((index, event)) = events.next().await {
                 let choice = &mut choices[index];
-                let value = match event {
+                let values = match event {
                     Event::Logprobs(logprobs) => {
                         choice.pending.push(logprobs);
                         continue;
@@ -212,7 +270,19 @@ impl Reply {
                     Event::Text(piece) => {
                         choice.text.push_str(&piece);
                         let logprobs = choice.pending.release(&piece);
-                        self.chunk(index, choice, Some(&piece), None, &logprobs)
+                        match choice.parser.as_mut().map(|parser| parser.push(&piece)) {
+                            None => vec![self.chunk(
+                                index,
+                                choice,
+                                Piece::Text(Some(&piece)),
+                                None,
+                                &logprobs,
+                            )],
+                            Some(deltas) => {
+                                choice.held.extend(logprobs);
+                                self.deltas(index, choice, deltas)
+                            }
+                        }
                     }
                     Event::Done {
                         reason,
@@ -222,21 +292,36 @@ impl Reply {
                     } => {
                         usage.add(prompt_tokens, cached_tokens, completion_tokens);
                         running -= 1;
-                        let logprobs = choice.pending.rest();
-                        self.chunk(index, choice, None, Some(reason), &logprobs)
+                        let mut values = match choice.parser.take() {
+                            Some(parser) => self.deltas(index, choice, parser.finish()),
+                            None => Vec::new(),
+                        };
+                        let mut logprobs = std::mem::take(&mut choice.held);
+                        logprobs.extend(choice.pending.rest());
+                        let finish = Some((reason, choice.calls > 0));
+                        values.push(self.chunk(
+                            index,
+                            choice,
+                            Piece::Text(None),
+                            finish,
+                            &logprobs,
+                        ));
+                        values
                     }
                     Event::Failed(message) => {
                         let _ = send(failed(message).body());
                         return;
                     }
                     Event::Refused(message) => {
-                        let _ = send(refused(message).body());
+                        let _ = send(self.refused(message).body());
                         return;
                     }
                 };
-                if send(self.envelope(vec![value], None, true)).is_err() {
-                    // The client is gone: dropping `events` cancels the request.
-                    return;
+                for value in values {
+                    if send(self.envelope(vec![value], None, true)).is_err() {
+                        // The client is gone: dropping `events` cancels the request.
+                        return;
+                    }
                 }
                 if running == 0 {
                     break;
@@ -254,13 +339,40 @@ impl Reply {
         Sse::new(UnboundedReceiverStream::new(stream))
     }
 
-    /// A streamed chunk's choice: `text` and the `logprobs` of the tokens it completes.
+    /// The chunks of what the parser of a choice read, the log-probabilities of the text it
+    /// held with the first.
+    fn deltas(&self, index: usize, choice: &mut Streamed, deltas: Vec<Delta>) -> Vec<Value> {
+        let mut values = Vec::with_capacity(deltas.len());
+        for delta in deltas {
+            let logprobs = std::mem::take(&mut choice.held);
+            let value = match &delta {
+                Delta::Content(text) => {
+                    self.chunk(index, choice, Piece::Text(Some(text)), None, &logprobs)
+                }
+                Delta::Call(call) => {
+                    choice.calls += 1;
+                    let piece = Piece::Call(choice.calls - 1, call);
+                    self.chunk(index, choice, piece, None, &logprobs)
+                }
+            };
+            values.push(value);
+        }
+        values
+    }
+
+    /// A request whose grammar could not be followed (see [`Event::Refused`]).
+    fn refused(&self, message: String) -> ApiError {
+        let param = self.grammar_param;
+        ApiError::invalid_field(param, format!("{param}: {message}"))
+    }
+
+    /// A streamed chunk's choice: `piece` and the `logprobs` of the tokens it completes.
     fn chunk(
         &self,
         index: usize,
         choice: &mut Streamed,
-        text: Option<&str>,
-        finish: Option<StopReason>,
+        piece: Piece,
+        finish: Option<(StopReason, bool)>,
         logprobs: &[Logprob],
     ) -> Value {
         let offsets = choice.offsets.next(&choice.text, logprobs);
@@ -270,7 +382,7 @@ impl Reply {
             [] => Value::Null,
             _ => self.logprobs_value(logprobs, &offsets),
         };
-        self.choice(index, text, first, finish, true, logprobs)
+        self.choice(index, piece, first, finish, true, logprobs)
     }
 }
 
@@ -374,9 +486,17 @@ fn failed(message: String) -> ApiError {
     ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, message)
 }
 
-/// A request whose grammar could not be followed (see [`Event::Refused`]).
-fn refused(message: String) -> ApiError {
-    ApiError::invalid_field("response_format", message)
+/// A call in OpenAI's shape: with its place among the choice's calls when streamed.
+fn call_value(index: Option<usize>, call: &Call) -> Value {
+    let mut value = json!({
+        "id": format!("call_{:016x}", rand::random::<u64>()),
+        "type": "function",
+        "function": {"name": call.name, "arguments": call.arguments},
+    });
+    if let Some(index) = index {
+        value["index"] = index.into();
+    }
+    value
 }
 
 #[cfg(test)]

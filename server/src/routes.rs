@@ -17,13 +17,14 @@ use runtime::chat::ChatRequest;
 use runtime::generate::GenerateOptions;
 use runtime::grammar::{Constraint, Grammar, GrammarError, Grammars};
 use runtime::tokenizer::{ContentSpecials, Tokenizer, TokenizerError};
+use runtime::tools::{Format, Tool};
 use serde_json::json;
 use tokio::sync::mpsc as async_mpsc;
 
-use crate::api::{self, Prompt, Request};
+use crate::api::{self, Prompt, Request, ToolChoice, Tools};
 use crate::engine::{Event, Fork, Job, Metrics};
 use crate::error::ApiError;
-use crate::reply::{Kind, Reply};
+use crate::reply::{Kind, Reply, ToolReading};
 use crate::{Loaded, Options};
 
 #[derive(Clone)]
@@ -139,10 +140,12 @@ async fn respond(
     kind: Kind,
 ) -> Response {
     match start(&state, headers, body, kind).await {
-        Ok((request, events)) => {
+        Ok((request, events, tools)) => {
             let n = state.next_id.fetch_add(1, Ordering::Relaxed);
             let model = state.options.model.clone();
-            let reply = Reply::new(kind, n, model, request.logprobs.is_some());
+            let mut reply = Reply::new(kind, n, model, request.logprobs.is_some());
+            reply.grammar_param = grammar_param(&request);
+            reply.tools = tools;
             if request.stream {
                 reply.stream(events, request.include_usage).into_response()
             } else {
@@ -167,7 +170,14 @@ async fn start(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     kind: Kind,
-) -> Result<(Request, Vec<async_mpsc::UnboundedReceiver<Event>>), ApiError> {
+) -> Result<
+    (
+        Request,
+        Vec<async_mpsc::UnboundedReceiver<Event>>,
+        Option<ToolReading>,
+    ),
+    ApiError,
+> {
     let loaded = ready(state)?;
     let body = body.map_err(|e| ApiError::with_status(e.status(), e.body_text()))?;
     let request = match kind {
@@ -186,20 +196,39 @@ async fn start(
     }
     let biased = request.sampling.logit_bias.iter().map(|&(id, _)| id);
     in_vocabulary(&loaded.tokenizer, "logit_bias", biased)?;
+    let format = match &request.tools {
+        None => None,
+        Some(_) => Some(tool_format(&loaded.tokenizer)?),
+    };
+    let reading = (request.tools.as_ref().zip(format))
+        .filter(|(tools, _)| tools.choice != ToolChoice::None)
+        .map(|(tools, format)| ToolReading {
+            format,
+            names: tools.functions.iter().map(|f| f.name.clone()).collect(),
+        });
+    let grammar = match (&request.grammar, &request.tools, format) {
+        (Some(grammar), _, _) => Some(grammar.clone()),
+        (None, Some(tools), Some(format)) => forced_calls(tools, format),
+        _ => None,
+    };
     let tokenizer = loaded.tokenizer.clone();
     let prompts = request.prompts.clone();
     let specials = state.options.content_specials;
+    let template = Template {
+        tools: request.tools.as_ref().map(|t| t.offered.clone()),
+        kwargs: request.template_kwargs.clone(),
+    };
+    let param = grammar_param(&request);
     // Rendering a template, tokenizing and compiling a grammar are CPU work: off the async
     // threads, and off the engine's.
     let blocking = state.clone();
-    let grammar = request.grammar.clone();
     let (prompts, constraints) = tokio::task::spawn_blocking(move || {
         let prompts = (prompts.into_iter())
-            .map(|prompt| tokenize(&tokenizer, prompt, specials))
+            .map(|prompt| tokenize(&tokenizer, prompt, &template, specials))
             .collect::<Result<Vec<_>, _>>()?;
         let constraints = match grammar {
             None => Vec::new(),
-            Some(grammar) => constraints(&blocking, &grammar, prompts.len())?,
+            Some(grammar) => constraints(&blocking, &grammar, param, prompts.len())?,
         };
         Ok::<_, ApiError>((prompts, constraints))
     })
@@ -246,20 +275,55 @@ async fn start(
             ));
         }
     }
-    Ok((request, receivers))
+    Ok((request, receivers, reading))
+}
+
+/// The tool-call format of the model's chat template: 400 naming `tools` for a template
+/// that teaches none this server can read (tools are never dropped silently).
+fn tool_format(tokenizer: &Tokenizer) -> Result<Format, ApiError> {
+    tokenizer.chat_template().and_then(Format::of_template).ok_or_else(|| {
+        ApiError::invalid_field(
+            "tools",
+            "this model's chat template has no tool-call format this server knows (Hermes/Qwen2.5 <tool_call> blocks or Llama 3.x JSON); serve it with --chat-template FILE naming one that has",
+        )
+    })
+}
+
+/// The grammar that makes the model call a tool, for `tool_choice` `required` or a named
+/// function; none for `auto` and `none`.
+fn forced_calls(tools: &Tools, format: Format) -> Option<Grammar> {
+    match &tools.choice {
+        ToolChoice::Required => Some(format.grammar(&tools.functions, tools.parallel)),
+        ToolChoice::Function(name) => {
+            let only: Vec<Tool> = (tools.functions.iter())
+                .filter(|f| f.name == *name)
+                .cloned()
+                .collect();
+            Some(format.grammar(&only, false))
+        }
+        ToolChoice::None | ToolChoice::Auto => None,
+    }
+}
+
+/// The request field whose grammar a request follows, for errors.
+fn grammar_param(request: &Request) -> &'static str {
+    match (&request.grammar, &request.tools) {
+        (None, Some(tools)) if matches!(tools.choice, ToolChoice::Function(_)) => "tool_choice",
+        (None, Some(_)) => "tools",
+        _ => "response_format",
+    }
 }
 
 /// `grammar` compiled once, and a copy of it for each of `prompts` prompts: 400 naming
-/// `response_format` if it cannot be.
+/// `param` if it cannot be.
 fn constraints(
     state: &State,
     grammar: &Grammar,
+    param: &'static str,
     prompts: usize,
 ) -> Result<Vec<Constraint>, ApiError> {
     let loaded = ready(state)?;
-    let invalid = |e: GrammarError| {
-        ApiError::invalid_field("response_format", format!("response_format: {e}"))
-    };
+    let invalid = |e: GrammarError| ApiError::invalid_field(param, format!("{param}: {e}"));
     let grammars = loaded
         .grammars
         .get_or_init(|| Grammars::new(&loaded.tokenizer, loaded.vocab_size, &loaded.end_ids));
@@ -281,19 +345,29 @@ fn check_model(state: &State, request: &Request) -> Result<(), ApiError> {
     }
 }
 
+/// What a chat's template is rendered with besides its messages.
+struct Template {
+    tools: Option<Vec<serde_json::Value>>,
+    kwargs: serde_json::Map<String, serde_json::Value>,
+}
+
 /// A prompt's token ids: a conversation through the chat template, text through the
 /// tokenizer, token ids checked against the vocabulary.
 fn tokenize(
     tokenizer: &Tokenizer,
     prompt: Prompt,
+    template: &Template,
     specials: ContentSpecials,
 ) -> Result<Vec<u32>, ApiError> {
     let param = prompt.param();
     let invalid = |e: TokenizerError| ApiError::invalid_field(param, e.to_string());
     let ids = match prompt {
-        Prompt::Chat(messages) => tokenizer
-            .encode_messages(messages, &ChatRequest::render, specials)
-            .map_err(invalid)?,
+        Prompt::Chat(messages) => {
+            let mut chat = tokenizer.chat_messages(messages).map_err(invalid)?;
+            chat.tools = template.tools.clone();
+            chat.kwargs = template.kwargs.clone();
+            (tokenizer.encode_request(&chat, &ChatRequest::render, specials)).map_err(invalid)?
+        }
         Prompt::Text(text) => tokenizer.encode(&text).map_err(invalid)?,
         Prompt::Ids(ids) => {
             in_vocabulary(tokenizer, param, ids.iter().copied())?;

@@ -85,6 +85,10 @@ struct CommonArgs {
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
+    /// Render chats with this Jinja template instead of the model's (as llama-server's
+    /// --chat-template-file): one that teaches tool calls, say.
+    #[arg(long, value_name = "FILE")]
+    chat_template: Option<PathBuf>,
 }
 
 #[derive(Args)]
@@ -422,8 +426,13 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
             generator.kept.bf16 + generator.kept.f32
         );
     }
-    let tokenizer = Tokenizer::from_dir(dir)?;
+    let mut tokenizer = Tokenizer::from_dir(dir)?;
     tokenizer.check_fits(&generator.config)?;
+    if let Some(path) = &common.chat_template {
+        let template = std::fs::read_to_string(path)
+            .with_context(|| format!("cannot read the chat template {}", path.display()))?;
+        tokenizer.set_chat_template(template);
+    }
     Ok((generator, tokenizer))
 }
 

@@ -119,6 +119,18 @@ GRAMMARS = [
         "required": ["id", "day"],
         "additionalProperties": False,
     }},
+    # Words the grammar forces after a choice: llguidance asks the tokenizer for their tokens.
+    {"kind": "regex", "source": "x(the weather|call the tools)!"},
+    # A tool call in the Hermes format, as runtime::tools::Format::grammar writes one.
+    {"kind": "lark", "source": (
+        'start: call ("\\n" call)*\n'
+        'call: "<tool_call>\\n" %json {"anyOf": [{"type": "object", "properties": '
+        '{"name": {"const": "get_weather"}, "arguments": {"type": "object", "properties": '
+        '{"city": {"type": "string", "maxLength": 8}}, "required": ["city"]}}, '
+        '"required": ["name", "arguments"], "additionalProperties": false}], '
+        '"x-guidance": {"whitespace_pattern": "[\\\\x20\\\\x0A\\\\x0D\\\\x09]{1,24}"}} '
+        '"\\n</tool_call>"\n'
+    )},
 ]
 
 

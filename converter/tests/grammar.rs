@@ -137,3 +137,116 @@ fn a_batch_of_constrained_sequences_decodes_as_each_alone() {
         assert_eq!(sequence.tokens(), &alone[i][..], "{}", picked[i].name);
     }
 }
+
+#[derive(Deserialize)]
+struct Reference {
+    cases: Vec<ReferenceCase>,
+}
+
+#[derive(Deserialize)]
+struct ReferenceCase {
+    checkpoint: String,
+    end_ids: Vec<u32>,
+    grammar: ReferenceGrammar,
+    prompt_ids: Vec<u32>,
+    greedy: Greedy,
+    paths: Vec<Path_>,
+}
+
+#[derive(Deserialize)]
+struct ReferenceGrammar {
+    kind: String,
+    source: Value,
+}
+
+#[derive(Deserialize)]
+struct Greedy {
+    ids: Vec<u32>,
+    near_tie_steps: Vec<usize>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename = "Path")]
+struct Path_ {
+    ids: Vec<u32>,
+    /// Each step's allowed tokens: u32 words as 8 hex digits each, token i in bit i % 32
+    /// of word i / 32.
+    masks: Vec<String>,
+}
+
+impl ReferenceGrammar {
+    fn grammar(&self) -> Grammar {
+        let text = || self.source.as_str().unwrap().to_string();
+        match self.kind.as_str() {
+            "json_schema" => Grammar::JsonSchema(self.source.clone()),
+            "lark" => Grammar::Lark(text()),
+            "regex" => Grammar::Regex(text()),
+            kind => panic!("grammar kind {kind}"),
+        }
+    }
+}
+
+/// The tokens a mask in the reference's encoding allows.
+fn allowed_ids(mask: &str) -> Vec<u32> {
+    (0..mask.len() / 8)
+        .flat_map(|word| {
+            let bits = u32::from_str_radix(&mask[word * 8..word * 8 + 8], 16).unwrap();
+            (0..32)
+                .filter(move |bit| bits >> bit & 1 == 1)
+                .map(move |bit| word as u32 * 32 + bit)
+        })
+        .collect()
+}
+
+/// Against Python llguidance with transformers (converter/tests/data/grammar-reference.json,
+/// made by scripts/make_grammar_reference.py): over six grammars on each tiny checkpoint,
+/// the mask at every step of the recorded paths (the greedy one and three drawn uniformly
+/// from the allowed tokens) allows exactly the tokens llguidance's does, and greedy decoding
+/// under the grammar picks the same tokens as transformers' logits masked by llguidance.
+#[test]
+fn masks_and_greedy_tokens_equal_python_llguidance() {
+    let reference: Reference =
+        serde_json::from_str(include_str!("data/grammar-reference.json")).unwrap();
+    let mut steps = 0;
+    for fixture in ["tiny-llama3", "tiny-qwen2"] {
+        let (_tmp, generator, tokenizer) = convert(fixture);
+        let vocab_size = generator.config.vocab_size;
+        let cases = reference.cases.iter().filter(|c| c.checkpoint == fixture);
+        for (n, case) in cases.enumerate() {
+            assert_eq!(case.end_ids, generator.eos_ids(), "{fixture}");
+            let grammars = Grammars::new(&tokenizer, vocab_size, &case.end_ids).unwrap();
+            let grammar = case.grammar.grammar();
+            for (p, path) in case.paths.iter().enumerate() {
+                let mut constraint = grammars.constraint(&grammar).unwrap();
+                assert_eq!(path.ids.len(), path.masks.len());
+                for (step, (&token, mask)) in path.ids.iter().zip(&path.masks).enumerate() {
+                    let mut logits = vec![0.0f32; vocab_size];
+                    constraint.mask(&mut logits).unwrap();
+                    let ours: Vec<u32> = (0..vocab_size as u32)
+                        .filter(|&id| logits[id as usize].is_finite())
+                        .collect();
+                    let context = format!("{fixture} grammar {n} path {p} step {step}");
+                    assert_eq!(ours, allowed_ids(mask), "{context}");
+                    if !case.end_ids.contains(&token) {
+                        constraint.consume(token).unwrap();
+                    }
+                    steps += 1;
+                }
+            }
+            let options = GenerateOptions {
+                max_new_tokens: 48,
+                sampling: SamplingParams::default(),
+                stop: Vec::new(),
+                grammar: Some(grammar),
+            };
+            let generation =
+                (generator.generate(&tokenizer, &case.prompt_ids, &options, |_| ())).unwrap();
+            assert!(case.greedy.near_tie_steps.is_empty());
+            assert_eq!(
+                generation.tokens, case.greedy.ids,
+                "{fixture} grammar {n} greedy"
+            );
+        }
+    }
+    assert!(steps > 1000, "{steps} masks compared");
+}

@@ -111,7 +111,10 @@ impl Grammars {
             .ok_or_else(|| GrammarError("the model has no end-of-sequence id".into()))?;
         let info = TokRxInfo::new(vocab_size as u32, first_end);
         let trie = TokTrie::from(&info, &words).with_eos_tokens(end_ids);
-        let env: TokEnv = Arc::new(Vocabulary { trie });
+        let env: TokEnv = Arc::new(Vocabulary {
+            trie,
+            tokenizer: tokenizer.clone(),
+        });
         let mut factory = ParserFactory::new_simple(&env).map_err(GrammarError::from)?;
         // llguidance's default limits bound the work a hostile grammar can ask for
         // (compiling it, each token's mask) and answer with an error instead.
@@ -172,9 +175,10 @@ impl Constraint {
     }
 }
 
-/// The vocabulary's trie, as llguidance's [`TokenizerEnv`].
+/// The vocabulary's trie and the tokenizer, as llguidance's [`TokenizerEnv`].
 struct Vocabulary {
     trie: TokTrie,
+    tokenizer: Tokenizer,
 }
 
 impl TokenizerEnv for Vocabulary {
@@ -182,9 +186,14 @@ impl TokenizerEnv for Vocabulary {
         &self.trie
     }
 
-    /// The longest token at each point: what llguidance asks for is the tokens of bytes
-    /// the grammar forces, where any tokenization of them serves.
+    /// The tokens of bytes the grammar forces: the model is steered to the first of them,
+    /// so they are the tokenizer's own (what the model saw in training), as llguidance's
+    /// Hugging Face binding makes them; bytes that are not UTF-8 (part of a character),
+    /// and text the tokenizer fails on, the longest token at each point.
     fn tokenize_bytes(&self, s: &[u8]) -> Vec<TokenId> {
-        self.trie.greedy_tokenize(s)
+        self.trie.tokenize_with_greedy_fallback(s, |text| {
+            (self.tokenizer.encode_rendered(text))
+                .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
+        })
     }
 }

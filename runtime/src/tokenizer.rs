@@ -86,6 +86,7 @@ impl SpecialToken {
 }
 
 /// A tokenizer with the model's chat template.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     chat_template: Option<String>,
@@ -522,6 +523,7 @@ struct Piece {
 /// A tokenizer reading special tokens as text, in two variants: Metaspace's
 /// `prepend_scheme: first` adds its `▁` only to a piece at the start of the input, so a
 /// piece taken from further in is encoded with `never`, as it is within the whole input.
+#[derive(Clone)]
 struct TextTokenizers {
     at_start: tokenizers::Tokenizer,
     /// `None` when no pre-tokenizer depends on where a piece is.

@@ -1,5 +1,5 @@
-//! A chat request's `response_format` as the server reads it (`server::api::chat`), then the
-//! grammar compiled over a small byte-level vocabulary (the tiny test checkpoints') and
+//! A chat request's `response_format`, or its `tools` and `tool_choice` (in the format the
+//! first byte picks), as the server reads them (`server::api::chat`), then the grammar compiled over a small byte-level vocabulary (the tiny test checkpoints') and
 //! followed for up to 32 tokens the input picks among those allowed: any request must be
 //! refused with an error or give a grammar that masks and consumes, within llguidance's
 //! limits (time and memory bounded by them).
@@ -10,6 +10,7 @@ use std::sync::OnceLock;
 use libfuzzer_sys::fuzz_target;
 use runtime::grammar::Grammars;
 use runtime::tokenizer::Tokenizer;
+use runtime::tools::Format;
 
 const TOKENIZER: &[u8] = include_bytes!("../../converter/tests/data/tiny-llama3/tokenizer.json");
 const VOCAB: usize = 384;
@@ -28,7 +29,12 @@ fuzz_target!(|data: &[u8]| {
     let Ok(request) = server::api::chat(body) else {
         return;
     };
-    let Some(grammar) = request.grammar else {
+    let format = match picks.first() {
+        Some(pick) if pick % 2 == 1 => Format::Llama3,
+        _ => Format::Hermes,
+    };
+    let tools = request.tools.and_then(|tools| tools.grammar(format));
+    let Some(grammar) = request.grammar.or(tools) else {
         return;
     };
     let Ok(mut constraint) = grammars().constraint(&grammar) else {

@@ -6,7 +6,7 @@
 use runtime::chat::{FunctionCall, Message, ToolCall};
 use runtime::grammar::Grammar;
 use runtime::sampling::SamplingParams;
-use runtime::tools::Tool;
+use runtime::tools::{Format, Tool};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 
@@ -64,6 +64,24 @@ pub struct Tools {
     pub choice: ToolChoice,
     /// `parallel_tool_calls`: whether a forced answer may call several tools.
     pub parallel: bool,
+}
+
+impl Tools {
+    /// The grammar that makes a model writing calls in `format` call a tool, for
+    /// `tool_choice` `required` or a named function; none for `auto` and `none`.
+    pub fn grammar(&self, format: Format) -> Option<Grammar> {
+        match &self.choice {
+            ToolChoice::Required => Some(format.grammar(&self.functions, self.parallel)),
+            ToolChoice::Function(name) => {
+                let only: Vec<Tool> = (self.functions.iter())
+                    .filter(|f| f.name == *name)
+                    .cloned()
+                    .collect();
+                Some(format.grammar(&only, false))
+            }
+            ToolChoice::None | ToolChoice::Auto => None,
+        }
+    }
 }
 
 /// `tool_choice`.

@@ -17,11 +17,11 @@ use runtime::chat::ChatRequest;
 use runtime::generate::GenerateOptions;
 use runtime::grammar::{Constraint, Grammar, GrammarError, Grammars};
 use runtime::tokenizer::{ContentSpecials, Tokenizer, TokenizerError};
-use runtime::tools::{Format, Tool};
+use runtime::tools::Format;
 use serde_json::json;
 use tokio::sync::mpsc as async_mpsc;
 
-use crate::api::{self, Prompt, Request, ToolChoice, Tools};
+use crate::api::{self, Prompt, Request, ToolChoice};
 use crate::engine::{Event, Fork, Job, Metrics};
 use crate::error::ApiError;
 use crate::reply::{Kind, Reply, ToolReading};
@@ -208,7 +208,7 @@ async fn start(
         });
     let grammar = match (&request.grammar, &request.tools, format) {
         (Some(grammar), _, _) => Some(grammar.clone()),
-        (None, Some(tools), Some(format)) => forced_calls(tools, format),
+        (None, Some(tools), Some(format)) => tools.grammar(format),
         _ => None,
     };
     let tokenizer = loaded.tokenizer.clone();
@@ -287,22 +287,6 @@ fn tool_format(tokenizer: &Tokenizer) -> Result<Format, ApiError> {
             "this model's chat template has no tool-call format this server knows (Hermes/Qwen2.5 <tool_call> blocks or Llama 3.x JSON); serve it with --chat-template FILE naming one that has",
         )
     })
-}
-
-/// The grammar that makes the model call a tool, for `tool_choice` `required` or a named
-/// function; none for `auto` and `none`.
-fn forced_calls(tools: &Tools, format: Format) -> Option<Grammar> {
-    match &tools.choice {
-        ToolChoice::Required => Some(format.grammar(&tools.functions, tools.parallel)),
-        ToolChoice::Function(name) => {
-            let only: Vec<Tool> = (tools.functions.iter())
-                .filter(|f| f.name == *name)
-                .cloned()
-                .collect();
-            Some(format.grammar(&only, false))
-        }
-        ToolChoice::None | ToolChoice::Auto => None,
-    }
 }
 
 /// The request field whose grammar a request follows, for errors.

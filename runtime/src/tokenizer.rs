@@ -159,6 +159,11 @@ impl Tokenizer {
     }
 
     /// The largest token id this tokenizer can produce (vocabulary and added tokens).
+    /// The id of the token whose text is `text` exactly, if there is one.
+    pub fn token_id(&self, text: &str) -> Option<u32> {
+        self.inner.token_to_id(text)
+    }
+
     pub fn max_id(&self) -> u32 {
         let vocab = self.inner.get_vocab(true);
         vocab.values().copied().max().unwrap_or(0)

@@ -63,6 +63,14 @@ impl Format {
         }
     }
 
+    /// The text that starts a call, where a vocabulary may have it as one token.
+    pub fn start(self) -> &'static str {
+        match self {
+            Format::Hermes => OPEN,
+            Format::Llama3 => "<|python_tag|>",
+        }
+    }
+
     /// A grammar under which the model's whole message is calls of `tools` in this format:
     /// one, or with `parallel` one or more (Hermes; a Llama 3 message holds one call).
     pub fn grammar(self, tools: &[Tool], parallel: bool) -> Grammar {

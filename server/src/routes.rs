@@ -180,7 +180,7 @@ async fn start(
 > {
     let loaded = ready(state)?;
     let body = body.map_err(|e| ApiError::with_status(e.status(), e.body_text()))?;
-    let request = match kind {
+    let mut request = match kind {
         Kind::Chat => api::chat(&body)?,
         Kind::Completion => api::completion(&body)?,
     };
@@ -200,6 +200,10 @@ async fn start(
         None => None,
         Some(_) => Some(tool_format(&loaded.tokenizer)?),
     };
+    let calls_banned = (request.tools.as_ref()).is_some_and(|t| t.choice == ToolChoice::None);
+    if let Some(format) = format.filter(|_| calls_banned) {
+        ban_calls(&mut request.sampling.logit_bias, &loaded.tokenizer, format);
+    }
     let reading = (request.tools.as_ref().zip(format))
         .filter(|(tools, _)| tools.choice != ToolChoice::None)
         .map(|(tools, format)| ToolReading {
@@ -287,6 +291,16 @@ fn tool_format(tokenizer: &Tokenizer) -> Result<Format, ApiError> {
             "this model's chat template has no tool-call format this server knows (Hermes/Qwen2.5 <tool_call> blocks or Llama 3.x JSON); serve it with --chat-template FILE naming one that has",
         )
     })
+}
+
+/// For `tool_choice: "none"`: bans the token that starts a call in `format`, where the
+/// vocabulary has one, with a bias of -100 (OpenAI's ban) in `biases` (in id order).
+fn ban_calls(biases: &mut Vec<(u32, f32)>, tokenizer: &Tokenizer, format: Format) {
+    if let Some(id) = tokenizer.token_id(format.start()) {
+        biases.retain(|&(biased, _)| biased != id);
+        let at = biases.partition_point(|&(biased, _)| biased < id);
+        biases.insert(at, (id, -100.0));
+    }
 }
 
 /// The request field whose grammar a request follows, for errors.
@@ -437,6 +451,32 @@ fn scope(headers: &HeaderMap, salt: Option<&str>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A vocabulary with `<tool_call>` as token 3 gets it banned, in id order among the
+    /// request's own biases (its bias for that token replaced); one without, nothing.
+    #[test]
+    fn tool_choice_none_bans_the_call_token() {
+        let tokenizer = |added: &str| {
+            let json = serde_json::json!({
+                "model": {"type": "WordLevel", "vocab": {"<unk>": 0, "a": 1, "b": 2}, "unk_token": "<unk>"},
+                "pre_tokenizer": {"type": "Whitespace"},
+                "added_tokens": [{"id": 3, "content": added, "single_word": false, "lstrip": false,
+                    "rstrip": false, "normalized": false, "special": false}],
+            });
+            Tokenizer::from_json(json.to_string().as_bytes(), None).unwrap()
+        };
+        let mut biases = vec![(1, 5.0), (3, 2.0), (7, -1.0)];
+        ban_calls(&mut biases, &tokenizer("<tool_call>"), Format::Hermes);
+        assert_eq!(biases, [(1, 5.0), (3, -100.0), (7, -1.0)]);
+        let mut biases = vec![(1, 5.0), (7, -1.0)];
+        ban_calls(&mut biases, &tokenizer("<tool_call>"), Format::Hermes);
+        assert_eq!(biases, [(1, 5.0), (3, -100.0), (7, -1.0)]);
+        let mut biases = vec![(1, 5.0)];
+        ban_calls(&mut biases, &tokenizer("<|python_tag|>"), Format::Hermes);
+        assert_eq!(biases, [(1, 5.0)]);
+        ban_calls(&mut biases, &tokenizer("<|python_tag|>"), Format::Llama3);
+        assert_eq!(biases, [(1, 5.0), (3, -100.0)]);
+    }
 
     #[test]
     fn scopes_tell_every_key_and_salt_apart() {

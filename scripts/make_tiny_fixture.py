@@ -120,9 +120,11 @@ def randomise(model):
             p.copy_(p.to(torch.bfloat16).to(torch.float32))
 
 
-def logits_of(model_class, config, state, ids):
+def logits_of(model_class, config, state, ids, edit_model=None):
     model = model_class(config).eval()
     model.load_state_dict(state)
+    if edit_model:
+        edit_model(model)
     with torch.no_grad():
         return model(torch.tensor([ids])).logits[0]
 
@@ -135,6 +137,7 @@ def make_variant(out, name, family, config_args, tokenizer, switched_off, edit_c
         "llama": (tf.LlamaForCausalLM, tf.LlamaConfig),
         "mistral": (tf.MistralForCausalLM, tf.MistralConfig),
         "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config),
+        "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config),
     }[family]
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(20261123)
@@ -150,6 +153,8 @@ def make_variant(out, name, family, config_args, tokenizer, switched_off, edit_c
         if change == "zero_biases":
             off_state = {k: (torch.zeros_like(v) if k.endswith(".bias") else v) for k, v in state.items()}
             off = logits_of(model_class, config, off_state, ids)
+        elif callable(change):  # an edit of the loaded model
+            off = logits_of(model_class, config, state, ids, change)
         else:
             off = logits_of(model_class, config_class(**{**config_args, **change}), state, ids)
         effects[feature] = float((off - logits).abs().max())
@@ -191,6 +196,13 @@ def qwen2_hub_window(config):
     config["sliding_window"] = 16
     config["max_window_layers"] = 1
     del config["layer_types"]
+
+
+def without_qk_norm(model):
+    """Qwen3 with its per-head query and key norms taken out."""
+    for layer in model.model.layers:
+        layer.self_attn.q_norm = torch.nn.Identity()
+        layer.self_attn.k_norm = torch.nn.Identity()
 
 
 def variants():
@@ -242,6 +254,16 @@ def variants():
                  qwen_tok,
                  {"rope_scaling": {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0}}},
                  None),
+        # Qwen3: each query and key head RMS-normalized before RoPE, head_dim 24 (q is 96
+        # wide, hidden 64), q/k/v/o biases switched on (`attention_bias`; the published
+        # models have none), tied, theta 1e6, as transformers 5 saves it (`layer_types`).
+        "qwen3": ("qwen3", dict(base, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                                attention_bias=True, tie_word_embeddings=True,
+                                use_sliding_window=False,
+                                rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                  qwen_tok,
+                  {"qk_norm": without_qk_norm, "biases": "zero_biases"},
+                  None),
     }
 
 

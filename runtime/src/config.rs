@@ -64,16 +64,26 @@ pub enum Family {
     Mistral,
     /// `Qwen2ForCausalLM`: q, k and v always have a bias, o never.
     Qwen2,
+    /// `Qwen3ForCausalLM`: each head's query and key RMS-normalized before RoPE (`q_norm`,
+    /// `k_norm`); biases as `attention_bias` says (none in the published models).
+    Qwen3,
 }
 
 /// (`architectures` entry, `model_type`, family).
-const FAMILIES: [(&str, &str, Family); 3] = [
+const FAMILIES: [(&str, &str, Family); 4] = [
     ("LlamaForCausalLM", "llama", Family::Llama),
     ("MistralForCausalLM", "mistral", Family::Mistral),
     ("Qwen2ForCausalLM", "qwen2", Family::Qwen2),
+    ("Qwen3ForCausalLM", "qwen3", Family::Qwen3),
 ];
 
 impl Family {
+    /// The transformers class of the family.
+    fn architecture(self) -> &'static str {
+        let listed = FAMILIES.iter().find(|(.., family)| *family == self);
+        listed.expect("every family is listed").0
+    }
+
     /// The family `hf` names: its first `architectures` entry, or `model_type` without one.
     fn of(hf: &HfConfig) -> Result<Self, ConfigError> {
         let known = match hf.architectures.first() {
@@ -327,6 +337,9 @@ pub struct LlamaConfig {
     /// to every earlier position.
     pub sliding_window: Option<usize>,
     pub biases: Biases,
+    /// Each head's query and key RMS-normalized (over `head_dim`, with their own weights)
+    /// before RoPE, as Qwen3 does.
+    pub qk_norm: bool,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
@@ -365,6 +378,7 @@ impl LlamaConfig {
             rope_scaling: RopeScaling::None,
             sliding_window: None,
             biases: Biases::default(),
+            qk_norm: false,
             max_position_embeddings,
             tie_word_embeddings: false,
             bos_token_id: None,
@@ -480,17 +494,24 @@ impl LlamaConfig {
                 },
             ),
             Family::Mistral => (hf.sliding_window.unwrap_or(Some(4096)), Biases::default()),
-            Family::Qwen2 => {
+            Family::Qwen2 | Family::Qwen3 => {
                 if hf.use_sliding_window == Some(true) {
-                    return invalid(
-                        "use_sliding_window: true is not supported for Qwen2ForCausalLM (its \
-                         window covers only some layers)"
-                            .into(),
-                    );
+                    return invalid(format!(
+                        "use_sliding_window: true is not supported for {} (its window \
+                         covers only some layers)",
+                        family.architecture()
+                    ));
                 }
-                let biases = Biases {
-                    qkv: true,
-                    ..Biases::default()
+                let biases = match family {
+                    Family::Qwen2 => Biases {
+                        qkv: true,
+                        ..Biases::default()
+                    },
+                    _ => Biases {
+                        qkv: hf.attention_bias == Some(true),
+                        o: hf.attention_bias == Some(true),
+                        mlp: false,
+                    },
                 };
                 (None, biases)
             }
@@ -516,6 +537,7 @@ impl LlamaConfig {
             rope_scaling,
             sliding_window,
             biases,
+            qk_norm: family == Family::Qwen3,
             max_position_embeddings: hf.max_position_embeddings,
             tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             bos_token_id: hf.bos_token_id,
@@ -619,11 +641,16 @@ mod tests {
             let err = resolve(v).unwrap_err().to_string();
             assert!(err.contains(named), "{key}: {err}");
         }
-        let mut v = smollm();
-        v["architectures"] = serde_json::json!(["Qwen2ForCausalLM"]);
-        v["use_sliding_window"] = true.into();
-        let err = resolve(v).unwrap_err().to_string();
-        assert!(err.contains("use_sliding_window"), "{err}");
+        for architecture in ["Qwen2ForCausalLM", "Qwen3ForCausalLM"] {
+            let mut v = smollm();
+            v["architectures"] = serde_json::json!([architecture]);
+            v["use_sliding_window"] = true.into();
+            let err = resolve(v).unwrap_err().to_string();
+            assert!(
+                err.contains("use_sliding_window") && err.contains(architecture),
+                "{err}"
+            );
+        }
         // The neutral values of the same keys are accepted.
         let mut v = smollm();
         v["rope_scaling"] = serde_json::Value::Null;
@@ -631,6 +658,23 @@ mod tests {
         v["rope_parameters"] = serde_json::json!({"rope_theta": 100000.0, "rope_type": "default"});
         v["layer_types"] = serde_json::json!(["full_attention"]);
         assert_eq!(resolve(v).unwrap(), resolve(smollm()).unwrap());
+    }
+
+    /// Qwen3 normalizes each query and key head; its biases follow `attention_bias` (on q,
+    /// k, v and o alike), where Qwen2's q/k/v always have one.
+    #[test]
+    fn qwen3_has_head_norms_and_its_own_biases() {
+        let mut v = smollm();
+        v["architectures"] = serde_json::json!(["Qwen3ForCausalLM"]);
+        v["head_dim"] = 128.into();
+        let plain = resolve(v.clone()).unwrap();
+        assert!(plain.qk_norm);
+        assert_eq!(plain.biases, Biases::default());
+        assert_eq!(plain.head_dim, 128);
+        v["attention_bias"] = true.into();
+        let biased = resolve(v).unwrap().biases;
+        assert_eq!((biased.qkv, biased.o, biased.mlp), (true, true, false));
+        assert!(!resolve(smollm()).unwrap().qk_norm);
     }
 
     /// Llama 3.x as published (`rope_scaling` with `rope_type`, top-level `rope_theta`) and

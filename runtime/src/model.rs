@@ -50,6 +50,10 @@ pub struct Attention<B: Backend> {
     pub v_proj: Linear<B>,
     /// `[n_heads * head_dim, hidden]`
     pub o_proj: Linear<B>,
+    /// `gamma: [head_dim]`: each query head RMS-normalized before RoPE (Qwen3), and each
+    /// key head.
+    pub q_norm: Option<RmsNorm<B>>,
+    pub k_norm: Option<RmsNorm<B>>,
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -78,6 +82,11 @@ impl LlamaConfig {
                 .with_epsilon(self.rms_norm_eps)
                 .init(device)
         };
+        let head_norm = || {
+            RmsNormConfig::new(self.head_dim)
+                .with_epsilon(self.rms_norm_eps)
+                .init(device)
+        };
         let (hidden, q_dim, kv_dim) = (
             self.hidden_size,
             self.n_heads * self.head_dim,
@@ -91,6 +100,8 @@ impl LlamaConfig {
                     k_proj: linear(hidden, kv_dim, biases.qkv),
                     v_proj: linear(hidden, kv_dim, biases.qkv),
                     o_proj: linear(q_dim, hidden, biases.o),
+                    q_norm: self.qk_norm.then(head_norm),
+                    k_norm: self.qk_norm.then(head_norm),
                     n_heads: self.n_heads,
                     n_kv_heads: self.n_kv_heads,
                     head_dim: self.head_dim,
@@ -134,7 +145,8 @@ impl LlamaConfig {
             + 3 * hidden * intermediate
             + bias(biases.qkv, q + 2 * kv)
             + bias(biases.o, hidden)
-            + bias(biases.mlp, 2 * intermediate + hidden);
+            + bias(biases.mlp, 2 * intermediate + hidden)
+            + bias(self.qk_norm, 2 * self.head_dim as u128);
         2 * vocab * hidden + layers * layer + hidden
     }
 }
@@ -353,6 +365,8 @@ impl<B: KernelBackend> DecoderLayer<B> {
             k_proj: projection(&attention.k_proj),
             v_proj: projection(&attention.v_proj),
             o_proj: projection(&attention.o_proj),
+            q_norm: attention.q_norm.as_ref().map(|norm| norm.gamma.val()),
+            k_norm: attention.k_norm.as_ref().map(|norm| norm.gamma.val()),
             post_attention_layernorm: self.post_attention_layernorm.gamma.val(),
             gate_proj: projection(&mlp.gate_proj),
             up_proj: projection(&mlp.up_proj),
@@ -395,6 +409,7 @@ impl<B: KernelBackend> Attention<B> {
         // The score scale goes on q (1/8 for hd = 64, a power of two, so this is exact).
         let heads = self.heads();
         let [q, k, v] = linears(x, [&self.q_proj, &self.k_proj, &self.v_proj], matmul);
+        let (q, k) = (head_norm(&self.q_norm, q), head_norm(&self.k_norm, k));
         let q = B::rotary(q, rope, heads.score_scale());
         let k = B::rotary(k, rope, 1.0);
         let (k, v) = cache.append(k, v)?; // [batch, start + seq, n_kv * hd]
@@ -408,6 +423,18 @@ impl<B: KernelBackend> Mlp<B> {
         let [gate, up] = linears(x, [&self.gate_proj, &self.up_proj], matmul);
         project(&self.down_proj, B::silu_mul(gate, up), matmul)
     }
+}
+
+/// Each `head_dim`-wide head of `x` (`[batch, seq, heads * head_dim]`) through `norm`, if
+/// there is one.
+fn head_norm<B: KernelBackend>(norm: &Option<RmsNorm<B>>, x: Tensor<B, 3>) -> Tensor<B, 3> {
+    let Some(norm) = norm else {
+        return x;
+    };
+    let [batch, seq, width] = x.dims();
+    let [head_dim] = norm.gamma.dims();
+    let heads = x.reshape([batch, seq * width / head_dim, head_dim]);
+    rms_norm(norm, heads).reshape([batch, seq, width])
 }
 
 /// `norm.forward(x)` through the backend's kernel.
@@ -474,8 +501,9 @@ mod tests {
     /// burn-flex's fused single-token layer (`KernelBackend::decode_layer`) gives exactly
     /// what the layer's ops give, token after token, with keys split across threads once
     /// there are enough of them and projections both split and not: at 1, 2, 3 and 5
-    /// threads, inside a thread team as `Llama::decode` runs it. Plain, and with every bias
-    /// and a sliding window shorter than the sequence; with each KV cache type.
+    /// threads, inside a thread team as `Llama::decode` runs it. Plain, and with every bias,
+    /// a sliding window shorter than the sequence and Qwen3's head norms; with each KV cache
+    /// type.
     #[test]
     fn fused_decode_layer_equals_the_composed_ops() {
         let plain = LlamaConfig::plain([64, 160, 1], [4, 2, 16], 10, 96);
@@ -489,6 +517,7 @@ mod tests {
             LlamaConfig {
                 biases: all,
                 sliding_window: Some(40),
+                qk_norm: true,
                 ..plain
             },
         ] {

@@ -29,6 +29,10 @@ pub struct LayerWeights<V, M> {
     pub k_proj: Projection<V, M>,
     pub v_proj: Projection<V, M>,
     pub o_proj: Projection<V, M>,
+    /// Each query head's and key head's RMSNorm weights (`head_dim` wide), if the model
+    /// normalizes them before RoPE (Qwen3).
+    pub q_norm: Option<V>,
+    pub k_norm: Option<V>,
     pub post_attention_layernorm: V,
     pub gate_proj: Projection<V, M>,
     pub up_proj: Projection<V, M>,
@@ -58,6 +62,14 @@ impl<V, M> LayerWeights<V, M> {
             k_proj: projection(&self.k_proj)?,
             v_proj: projection(&self.v_proj)?,
             o_proj: projection(&self.o_proj)?,
+            q_norm: match &self.q_norm {
+                Some(norm) => Some(vector(norm)?),
+                None => None,
+            },
+            k_norm: match &self.k_norm {
+                Some(norm) => Some(vector(norm)?),
+                None => None,
+            },
             post_attention_layernorm: vector(&self.post_attention_layernorm)?,
             gate_proj: projection(&self.gate_proj)?,
             up_proj: projection(&self.up_proj)?,
@@ -112,7 +124,8 @@ pub fn decode_layer<S: Stored>(
     let hidden = w.input_layernorm.len();
     let mut normed = vec![0.0f32; x.len()];
 
-    // Attention: pre-norm, q/k/v, RoPE (the score scale goes on q, as in the composed path).
+    // Attention: pre-norm, q/k/v, each head's norm if any, RoPE (the score scale goes on q,
+    // as in the composed path).
     simd::rms_norm_rows(x, w.input_layernorm, epsilon, &mut normed);
     let [mut q, mut k, v] = project([&w.q_proj, &w.k_proj, &w.v_proj], &normed, hidden, matmul);
     let (q_width, kv_width) = (q.len() / caches.len(), k.len() / caches.len());
@@ -121,6 +134,12 @@ pub fn decode_layer<S: Stored>(
         .zip(k.chunks_exact_mut(kv_width))
         .zip(v.chunks_exact(kv_width));
     for (((q, k), v), (cache, &(cos, sin))) in rows.zip(caches.into_iter().zip(rope)) {
+        for (rows, norm) in [(&mut *q, w.q_norm), (&mut *k, w.k_norm)] {
+            if let Some(gamma) = norm {
+                let unnormed = rows.to_vec();
+                simd::rms_norm_rows(&unnormed, gamma, epsilon, rows);
+            }
+        }
         simd::rotary_heads(q, cos, sin, heads.score_scale());
         simd::rotary_heads(k, cos, sin, 1.0);
         // The token's key and value join the cache; it attends to every position so far.

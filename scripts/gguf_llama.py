@@ -34,6 +34,7 @@ LAYER_NAMES = {
     "self_attn.k_proj.weight": "attn_k.weight", "self_attn.k_proj.bias": "attn_k.bias",
     "self_attn.v_proj.weight": "attn_v.weight", "self_attn.v_proj.bias": "attn_v.bias",
     "self_attn.o_proj.weight": "attn_output.weight", "self_attn.o_proj.bias": "attn_output.bias",
+    "self_attn.q_norm.weight": "attn_q_norm.weight", "self_attn.k_norm.weight": "attn_k_norm.weight",
     "post_attention_layernorm.weight": "ffn_norm.weight",
     "mlp.gate_proj.weight": "ffn_gate.weight", "mlp.gate_proj.bias": "ffn_gate.bias",
     "mlp.up_proj.weight": "ffn_up.weight", "mlp.up_proj.bias": "ffn_up.bias",
@@ -42,7 +43,7 @@ LAYER_NAMES = {
 
 
 def gguf_name(hf):
-    """The GGUF name of a transformers Llama/Qwen2 tensor; KeyError for any other."""
+    """The GGUF name of a transformers Llama/Qwen2/Qwen3 tensor; KeyError for any other."""
     if hf in GGUF_NAMES:
         return GGUF_NAMES[hf]
     parts = hf.split(".", 3)

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """GGUF fixtures beyond SmolLM2 for converter/tests/tiny_logits.rs: a Llama 3 style GGUF
 (`llama-bpe` pre-tokenizer, BOS added, attention biases, which llama.cpp's converter
-permutes with their weights) and a Qwen2 one (`qwen2` pre-tokenizer, q/k/v biases), each
-K-quantized by llama.cpp itself.
+permutes with their weights), a Qwen2 one (`qwen2` pre-tokenizer, q/k/v biases) and a Qwen3
+one (head norms, head_dim 128 ≠ hidden / heads), each K-quantized by llama.cpp itself.
 
 For each: a tiny random model (one layer, hidden 256 so K-quant rows are whole 256-value
 super-blocks) is written as an F32 GGUF the way llama.cpp's convert_hf_to_gguf.py writes
@@ -15,8 +15,8 @@ rounds them, and the tokenizer.json the importer must reproduce is saved next to
 llama.cpp's own tokenization of the GGUF is checked against it on the tokenizer oracle's
 strings before anything is written.
 
-usage: python3 scripts/make_gguf_fixtures.py converter/tests/data
-writes: gguf-llama-bpe/ and gguf-qwen2/, each model.gguf, tokenizer.json (the source
+usage: python3 scripts/make_gguf_fixtures.py converter/tests/data [NAME...]
+writes: gguf-llama-bpe/, gguf-qwen2/ and gguf-qwen3/ (or the NAMEs given), each model.gguf, tokenizer.json (the source
 tokenizer), fixture.json (ids of a fixed text) and logits.bin ([ids, vocab] f32 LE)
 needs: torch, transformers, tokenizers, gguf, llama-cpp-python (the oracle venv)
 """
@@ -47,7 +47,11 @@ def write_f32_gguf(path, arch, config, state, tok_json, pre, add_bos):
     w.add_head_count_kv(config.num_key_value_heads)
     w.add_rope_freq_base(config.rope_parameters["rope_theta"])
     w.add_layer_norm_rms_eps(config.rms_norm_eps)
-    w.add_rope_dimension_count(config.hidden_size // config.num_attention_heads)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    w.add_rope_dimension_count(head_dim)
+    if head_dim != config.hidden_size // config.num_attention_heads:
+        w.add_key_length(head_dim)
+        w.add_value_length(head_dim)
     w.add_vocab_size(config.vocab_size)
     w.add_file_type(gguf.LlamaFileType.ALL_F32)
     # The tokenizer as convert_hf_to_gguf.py's `_set_vocab_gpt2` writes it.
@@ -156,17 +160,27 @@ def make(out_root, name, arch, model_class, config_class, config_args, family_di
 
 
 def main():
-    root = sys.argv[1]
+    root, wanted = sys.argv[1], sys.argv[2:]
     base = dict(vocab_size=384, hidden_size=256, intermediate_size=512, num_hidden_layers=1,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                 rms_norm_eps=1e-5, bos_token_id=0, eos_token_id=1, tie_word_embeddings=False)
-    make(root, "gguf-llama-bpe", "llama", transformers.LlamaForCausalLM, transformers.LlamaConfig,
-         dict(base, attention_bias=True,
-              rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
-         "tiny-llama3", "llama-bpe", True, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M)
-    make(root, "gguf-qwen2", "qwen2", transformers.Qwen2ForCausalLM, transformers.Qwen2Config,
-         dict(base, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
-         "tiny-qwen2", "qwen2", False, llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M)
+    fixtures = {
+        "gguf-llama-bpe": ("llama", transformers.LlamaForCausalLM, transformers.LlamaConfig,
+                           dict(base, attention_bias=True,
+                                rope_parameters={"rope_type": "default", "rope_theta": 500000.0}),
+                           "tiny-llama3", "llama-bpe", True, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M),
+        "gguf-qwen2": ("qwen2", transformers.Qwen2ForCausalLM, transformers.Qwen2Config,
+                       dict(base, rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                       "tiny-qwen2", "qwen2", False, llama_cpp.LLAMA_FTYPE_MOSTLY_Q3_K_M),
+        # Qwen3 as published: head norms, no biases, head_dim 128 (q 512 wide, hidden 256).
+        "gguf-qwen3": ("qwen3", transformers.Qwen3ForCausalLM, transformers.Qwen3Config,
+                       dict(base, head_dim=128, use_sliding_window=False,
+                            rope_parameters={"rope_type": "default", "rope_theta": 1000000.0}),
+                       "tiny-qwen2", "qwen2", False, llama_cpp.LLAMA_FTYPE_MOSTLY_Q4_K_M),
+    }
+    for name, args in fixtures.items():
+        if not wanted or name in wanted:
+            make(root, name, *args)
 
 
 if __name__ == "__main__":

@@ -134,8 +134,8 @@ fn family_fixture(dir: &std::path::Path) -> Fixture {
 }
 
 /// GGUF files beyond SmolLM2, K-quantized by llama.cpp: a Llama 3 style one (`llama-bpe`
-/// pre-tokenizer, BOS added; Q4_K and Q6_K tensors) and a Qwen2 one (`qwen2`
-/// pre-tokenizer, q/k/v biases; Q3_K to Q6_K). `import-gguf` must give a tokenizer that
+/// pre-tokenizer, BOS added; Q4_K and Q6_K tensors), a Qwen2 one (`qwen2` pre-tokenizer,
+/// q/k/v biases; Q3_K to Q6_K) and a Qwen3 one (head norms, head_dim 128; Q4_K, Q6_K). `import-gguf` must give a tokenizer that
 /// encodes as the source tokenizer.json does (which llama.cpp's tokenization of the GGUF
 /// was checked against when the fixture was made) on the tokenizer oracle's 293 strings, and
 /// a checkpoint whose logits are transformers' on gguf-py's dequantization of the file.
@@ -156,7 +156,7 @@ fn gguf_family_imports_match_transformers() {
     let oracle = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../runtime/tests/data/tokenizer_oracle.json");
     let oracle: Oracle = serde_json::from_str(&std::fs::read_to_string(oracle).unwrap()).unwrap();
-    for variant in ["llama-bpe", "qwen2"] {
+    for variant in ["llama-bpe", "qwen2", "qwen3"] {
         let dir = data_dir(&format!("gguf-{variant}"));
         let tmp = tempfile::tempdir().unwrap();
         let checkpoint = tmp.path().join("hf");

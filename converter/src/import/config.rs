@@ -16,6 +16,9 @@ pub enum Arch {
     Llama,
     /// `qwen2`: biases on q, k and v; rows as published.
     Qwen2,
+    /// `qwen3`: each query and key head normalized (`attn_q_norm`, `attn_k_norm`); rows as
+    /// published.
+    Qwen3,
 }
 
 impl Arch {
@@ -23,8 +26,9 @@ impl Arch {
         match gguf.str("general.architecture")? {
             "llama" => Ok(Self::Llama),
             "qwen2" => Ok(Self::Qwen2),
+            "qwen3" => Ok(Self::Qwen3),
             other => bail!(
-                "unsupported GGUF architecture {other:?}: supported are \"llama\" and \"qwen2\""
+                "unsupported GGUF architecture {other:?}: supported are \"llama\", \"qwen2\" and \"qwen3\""
             ),
         }
     }
@@ -34,6 +38,7 @@ impl Arch {
         match self {
             Self::Llama => "llama",
             Self::Qwen2 => "qwen2",
+            Self::Qwen3 => "qwen3",
         }
     }
 }
@@ -181,6 +186,13 @@ impl Hyperparams {
             }
             fields.insert("architectures".into(), json!(["Qwen2ForCausalLM"]));
             fields.insert("model_type".into(), json!("qwen2"));
+            fields.insert("use_sliding_window".into(), json!(false));
+        }
+        if self.arch == Arch::Qwen3 {
+            // Biases on q, k, v and o alike, as `attention_bias` says; none on the MLP.
+            fields.remove("mlp_bias");
+            fields.insert("architectures".into(), json!(["Qwen3ForCausalLM"]));
+            fields.insert("model_type".into(), json!("qwen3"));
             fields.insert("use_sliding_window".into(), json!(false));
         }
         config

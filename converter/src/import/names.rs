@@ -27,6 +27,8 @@ pub fn hf_name(gguf_name: &str) -> Option<String> {
         "ffn_up.bias" => "mlp.up_proj.bias",
         "ffn_down.bias" => "mlp.down_proj.bias",
         "attn_output.weight" => "self_attn.o_proj.weight",
+        "attn_q_norm.weight" => "self_attn.q_norm.weight",
+        "attn_k_norm.weight" => "self_attn.k_norm.weight",
         "ffn_norm.weight" => "post_attention_layernorm.weight",
         "ffn_gate.weight" => "mlp.gate_proj.weight",
         "ffn_up.weight" => "mlp.up_proj.weight",
@@ -53,6 +55,10 @@ mod tests {
         assert_eq!(
             hf_name("blk.0.attn_k.bias").unwrap(),
             "model.layers.0.self_attn.k_proj.bias"
+        );
+        assert_eq!(
+            hf_name("blk.3.attn_k_norm.weight").unwrap(),
+            "model.layers.3.self_attn.k_norm.weight"
         );
         assert!(hf_name("blk.x.ffn_down.weight").is_none());
         assert!(hf_name("rope_freqs.weight").is_none());

@@ -39,6 +39,12 @@ TEMPLATES = {
         "eos_token": "<|im_end|>",
         "kwargs": {},
     },
+    "qwen3.jinja": {
+        "tokenizer_json": ROOT / "converter/tests/data/tiny-qwen2/tokenizer.json",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "kwargs": {},
+    },
     "llama3.2-instruct.jinja": {
         "tokenizer_json": ROOT / "converter/tests/data/tiny-llama3/tokenizer.json",
         "bos_token": "<|begin_of_text|>",
@@ -296,6 +302,40 @@ def scenarios():
             [GET_WEATHER],
             {"tools_in_user_message": False},
             {"llama3.2-instruct.jinja"},
+        ),
+        # Qwen3: thinking switched by `enable_thinking`; earlier turns' <think> sections
+        # dropped from the history (Python string methods in the template).
+        ("thinking_off", [user("Hi there")], None, {"enable_thinking": False}, {"qwen3.jinja"}),
+        ("thinking_on", [user("Hi there")], None, {"enable_thinking": True}, {"qwen3.jinja"}),
+        (
+            "history_with_thinking",
+            [
+                system("Be brief."),
+                user("What is 2 + 2?"),
+                assistant("<think>\nTwo and two make four.\n</think>\n\n4."),
+                user("And 3 + 3?"),
+            ],
+            None,
+            {},
+            {"qwen3.jinja"},
+        ),
+        (
+            "thinking_then_call_then_result",
+            [
+                user("What's the weather in Paris?"),
+                assistant_calls(CALL_WEATHER, content="<think>\nI should call the tool.\n</think>\n\n"),
+                tool_result("call_weather_1", "22°C and sunny"),
+            ],
+            [GET_WEATHER],
+            {"enable_thinking": True},
+            {"qwen3.jinja"},
+        ),
+        (
+            "user_message_that_is_a_tool_response",
+            [user("Start"), assistant("Ok."), user("<tool_response>\nx\n</tool_response>")],
+            None,
+            {},
+            {"qwen3.jinja"},
         ),
     ]
 

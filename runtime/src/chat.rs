@@ -121,6 +121,9 @@ impl ChatRequest {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_fuel(Some(FUEL));
+        // Python's methods on strings, lists and dicts, which templates written for Jinja2
+        // call (`message.content.startswith(...)`, `.split(...)`, `.items()`).
+        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
         env.set_recursion_limit(RECURSION);
         // The two globals transformers' `apply_chat_template` adds (llama.cpp's too): a
         // template's own error, and the local time in a strftime format (Llama 3.x writes

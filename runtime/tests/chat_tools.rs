@@ -1,5 +1,6 @@
 //! Chat templates rendered with tools, tool calls and tool results equal transformers'
-//! renderings byte for byte: the Qwen2.5 and Llama 3.2 Instruct templates over the cases in
+//! renderings byte for byte: the Qwen2.5, Qwen3 and Llama 3.2 Instruct templates (Qwen3's
+//! with `enable_thinking` both ways and thinking in the history) over the cases in
 //! runtime/tests/data/chat-tools/renders.json (made by scripts/make_chat_tool_goldens.py;
 //! its README says from which versions and sources).
 
@@ -43,9 +44,13 @@ fn renders_with_tools_equal_transformers() {
         };
         match (request.render(), case.text, case.error) {
             (Ok(ours), Some(theirs), _) => assert_eq!(ours, theirs, "{}", case.name),
-            (Err(ours), _, Some(theirs)) => {
-                assert!(ours.to_string().contains(&theirs), "{}: {ours}", case.name)
-            }
+            // The template's own errors (`raise_exception`) carry its message; an undefined
+            // value's is each engine's own words.
+            (Err(ours), _, Some(theirs)) => assert!(
+                ours.to_string().contains(&theirs) || theirs.contains("has no attribute"),
+                "{}: {ours}",
+                case.name
+            ),
             (ours, text, error) => panic!("{}: {ours:?}, expected {text:?} / {error:?}", case.name),
         }
     }

@@ -671,11 +671,10 @@ fn message(message: ChatMessage) -> Result<Message, ApiError> {
     if message.role == "tool" && message.tool_call_id.is_none() {
         return Err(invalid("a tool message needs tool_call_id".into()));
     }
-    // Without content or calls, an empty text (as before tool calls were read).
-    let content = match (&content, &tool_calls) {
-        (None, None) => Some(String::new()),
-        _ => content,
-    };
+    // A message without content has an empty one: OpenAI's clients send `content: null`
+    // beside tool calls, which transformers 5 leaves out of the message, and Qwen3's
+    // template fails on a message without it; the others render "" as they render none.
+    let content = content.or_else(|| Some(String::new()));
     // OpenAI's newer name for the system role; chat templates know "system".
     let role = match message.role.as_str() {
         "developer" => "system".to_string(),
@@ -929,7 +928,7 @@ mod tests {
         };
         let calls = messages[1].tool_calls.as_ref().unwrap();
         assert_eq!(calls[0].function.arguments, serde_json::json!({"x": 1}));
-        assert_eq!(messages[1].content, None);
+        assert_eq!(messages[1].content.as_deref(), Some(""));
         assert_eq!(messages[2].tool_call_id.as_deref(), Some("c1"));
         let broken = r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{x"}}]}]}"#;
         assert!(chat_error(broken).contains("not JSON"));

@@ -49,11 +49,13 @@ pub mod model;
 mod panics;
 pub mod params;
 pub mod quant;
+pub mod reasoning;
 pub mod record;
 pub mod rope;
 pub mod sampling;
 pub mod tokenizer;
 pub mod tools;
+mod trim;
 pub mod weights_file;
 
 #[cfg(test)]

@@ -90,6 +90,8 @@ impl SpecialToken {
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
     chat_template: Option<String>,
+    /// Variables every chat is rendered with (`--chat-template-kwargs`).
+    template_kwargs: serde_json::Map<String, serde_json::Value>,
     bos_token: String,
     eos_token: String,
     /// The special added tokens, id to text: what a message's content must not produce.
@@ -152,6 +154,7 @@ impl Tokenizer {
             bos_token: text(&config.bos_token),
             eos_token: text(&config.eos_token),
             chat_template: config.chat_template,
+            template_kwargs: Default::default(),
             inner,
             special_tokens,
             as_text: OnceLock::new(),
@@ -389,6 +392,12 @@ impl Tokenizer {
         self.chat_template = Some(template);
     }
 
+    /// Renders every chat with these variables too (Qwen3's `enable_thinking`); a
+    /// request's own go over them.
+    pub fn set_template_kwargs(&mut self, kwargs: serde_json::Map<String, serde_json::Value>) {
+        self.template_kwargs = kwargs;
+    }
+
     /// A one-turn chat (optional system message, one user message) for the model's chat
     /// template.
     pub fn chat_request(
@@ -416,7 +425,7 @@ impl Tokenizer {
             eos_token: self.eos_token.clone(),
             messages,
             tools: None,
-            kwargs: Default::default(),
+            kwargs: self.template_kwargs.clone(),
         })
     }
 

@@ -16,6 +16,7 @@
 use serde_json::{Map, Value, json};
 
 use crate::grammar::{self, Grammar};
+use crate::trim::{Trimmed, partial_suffix};
 
 /// How a model writes its tool calls.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,10 +114,7 @@ pub struct Parser {
     /// message that may be a call.
     held: String,
     state: State,
-    /// Content has started: whitespace before it is dropped.
-    started: bool,
-    /// Whitespace after the content so far, sent once more content follows it.
-    space: String,
+    content: Trimmed,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -139,8 +137,7 @@ impl Parser {
             names,
             held: String::new(),
             state: State::Text,
-            started: false,
-            space: String::new(),
+            content: Trimmed::default(),
         }
     }
 
@@ -313,32 +310,8 @@ impl Parser {
         })
     }
 
-    /// Sends content, dropping whitespace at its start and holding whitespace at its end.
+    /// Sends content, its ends trimmed.
     fn content(&mut self, out: &mut Vec<Delta>, text: &str) {
-        let text = match self.started {
-            true => text,
-            false => text.trim_start(),
-        };
-        if text.is_empty() {
-            return;
-        }
-        self.started = true;
-        let body = text.trim_end();
-        if body.is_empty() {
-            self.space.push_str(text);
-            return;
-        }
-        let space = std::mem::replace(&mut self.space, text[body.len()..].to_string());
-        out.push(Delta::Content(space + body));
+        out.extend(self.content.push(text).map(Delta::Content));
     }
-}
-
-/// The length of the longest end of `text` that is a start of `pattern` (shorter than it).
-fn partial_suffix(text: &str, pattern: &str) -> usize {
-    (1..pattern.len().min(text.len() + 1))
-        .rev()
-        .find(|&n| {
-            text.is_char_boundary(text.len() - n) && pattern.starts_with(&text[text.len() - n..])
-        })
-        .unwrap_or(0)
 }

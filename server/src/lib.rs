@@ -63,6 +63,9 @@ pub struct Options {
     /// What special-token text inside a chat message becomes: plain text (the default, so
     /// that a user cannot forge the template's turns) or the special token.
     pub content_specials: ContentSpecials,
+    /// Leave a thinking model's `<think>` section in `content` instead of moving it to
+    /// `reasoning_content`.
+    pub keep_thinking: bool,
 }
 
 /// What the HTTP side needs of the loaded model.

@@ -11,6 +11,7 @@ use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use runtime::generate::StopReason;
+use runtime::reasoning::{Part, Splitter};
 use runtime::tools::{Call, Delta, Format, Parser};
 use serde_json::{Value, json};
 use tokio::sync::mpsc as async_mpsc;
@@ -40,6 +41,8 @@ pub(crate) struct Reply {
     pub grammar_param: &'static str,
     /// How to read a chat's answers for tool calls, if the request offered tools.
     pub tools: Option<ToolReading>,
+    /// Whether a chat answer's opening `<think>` section goes to `reasoning_content`.
+    pub reasoning: bool,
 }
 
 /// How a request's answers are read for tool calls: the format and the offered tools.
@@ -55,17 +58,64 @@ struct Streamed {
     text: String,
     pending: Pending,
     offsets: Offsets,
-    /// Reads the text for tool calls (when tools were offered).
-    parser: Option<Parser>,
+    /// Reads the text for reasoning and tool calls (when the request has either).
+    reading: Option<Reading>,
     /// Calls sent so far.
     calls: usize,
-    /// Log-probabilities of text the parser holds, sent with the next chunk.
+    /// Log-probabilities of text the reading holds, sent with the next chunk.
     held: Vec<Logprob>,
+}
+
+/// A chat answer read as it streams: its reasoning split off, then its reply read for tool
+/// calls.
+struct Reading {
+    splitter: Option<Splitter>,
+    parser: Option<Parser>,
+}
+
+/// What a chat answer says, piece by piece.
+enum Said {
+    Reasoning(String),
+    Delta(Delta),
+}
+
+impl Reading {
+    fn push(&mut self, text: &str) -> Vec<Said> {
+        let parts = match &mut self.splitter {
+            Some(splitter) => splitter.push(text),
+            None => vec![Part::Reply(text.to_string())],
+        };
+        self.reply(parts)
+    }
+
+    fn finish(mut self) -> Vec<Said> {
+        let parts = (self.splitter.take()).map_or(Vec::new(), Splitter::finish);
+        let mut said = self.reply(parts);
+        if let Some(parser) = self.parser {
+            said.extend(parser.finish().into_iter().map(Said::Delta));
+        }
+        said
+    }
+
+    fn reply(&mut self, parts: Vec<Part>) -> Vec<Said> {
+        let mut said = Vec::new();
+        for part in parts {
+            match (part, &mut self.parser) {
+                (Part::Reasoning(text), _) => said.push(Said::Reasoning(text)),
+                (Part::Reply(text), Some(parser)) => {
+                    said.extend(parser.push(&text).into_iter().map(Said::Delta));
+                }
+                (Part::Reply(text), None) => said.push(Said::Delta(Delta::Content(text))),
+            }
+        }
+        said
+    }
 }
 
 /// What a chat choice's chunk carries.
 enum Piece<'a> {
     Text(Option<&'a str>),
+    Reasoning(&'a str),
     /// The `index`th call of the choice.
     Call(usize, &'a Call),
 }
@@ -87,7 +137,16 @@ impl Reply {
             logprobs,
             grammar_param: "response_format",
             tools: None,
+            reasoning: false,
         }
+    }
+
+    /// How a choice's text is read, if it is read for more than its text.
+    fn reading(&self) -> Option<Reading> {
+        let splitter = (self.kind == Kind::Chat && self.reasoning).then(Splitter::default);
+        let parser =
+            (self.tools.as_ref()).map(|tools| Parser::new(tools.format, tools.names.clone()));
+        (splitter.is_some() || parser.is_some()).then_some(Reading { splitter, parser })
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -117,7 +176,7 @@ impl Reply {
         });
         let text = match piece {
             Piece::Text(text) => text,
-            Piece::Call(..) => None,
+            Piece::Reasoning(_) | Piece::Call(..) => None,
         };
         match (self.kind, chunk) {
             (Kind::Chat, false) => json!({
@@ -131,6 +190,9 @@ impl Reply {
                 }
                 if let Some(text) = text {
                     delta.insert("content".into(), text.into());
+                }
+                if let Piece::Reasoning(text) = piece {
+                    delta.insert("reasoning_content".into(), text.into());
                 }
                 if let Piece::Call(at, call) = piece {
                     delta.insert("tool_calls".into(), json!([call_value(Some(at), call)]));
@@ -215,20 +277,34 @@ impl Reply {
             };
             let offsets = Offsets::default().next(&text, &logprobs);
             let logprobs = self.logprobs_value(&logprobs, &offsets);
-            let Some(tools) = &self.tools else {
+            let Some(mut reading) = self.reading() else {
                 let piece = Piece::Text(Some(&text));
                 let choice =
                     self.choice(index, piece, false, Some((reason, false)), false, logprobs);
                 choices.push(choice);
                 continue;
             };
-            let (content, calls) = Parser::parse(tools.format, tools.names.clone(), &text);
+            let mut said = reading.push(&text);
+            said.extend(reading.finish());
+            let (mut reasoning, mut content, mut calls) =
+                (String::new(), String::new(), Vec::new());
+            for said in said {
+                match said {
+                    Said::Reasoning(text) => reasoning.push_str(&text),
+                    Said::Delta(Delta::Content(text)) => content.push_str(&text),
+                    Said::Delta(Delta::Call(call)) => calls.push(call),
+                }
+            }
             let finish = Some((reason, !calls.is_empty()));
             let mut choice = self.choice(index, Piece::Text(None), false, finish, false, logprobs);
-            choice["message"]["content"] = content.into();
+            let message = &mut choice["message"];
+            message["content"] = (!content.is_empty()).then_some(content).into();
+            if !reasoning.is_empty() {
+                message["reasoning_content"] = reasoning.into();
+            }
             if !calls.is_empty() {
                 let calls = calls.iter().map(|call| call_value(None, call));
-                choice["message"]["tool_calls"] = calls.collect();
+                message["tool_calls"] = calls.collect();
             }
             choices.push(choice);
         }
@@ -249,8 +325,7 @@ impl Reply {
             let send = |value: Value| out.send(Ok(SseEvent::default().data(value.to_string())));
             let mut choices: Vec<Streamed> = (events.iter())
                 .map(|_| Streamed {
-                    parser: (self.tools.as_ref())
-                        .map(|tools| Parser::new(tools.format, tools.names.clone())),
+                    reading: self.reading(),
                     ..Streamed::default()
                 })
                 .collect();
@@ -270,7 +345,7 @@ impl Reply {
                     Event::Text(piece) => {
                         choice.text.push_str(&piece);
                         let logprobs = choice.pending.release(&piece);
-                        match choice.parser.as_mut().map(|parser| parser.push(&piece)) {
+                        match choice.reading.as_mut().map(|reading| reading.push(&piece)) {
                             None => vec![self.chunk(
                                 index,
                                 choice,
@@ -292,8 +367,8 @@ impl Reply {
                     } => {
                         usage.add(prompt_tokens, cached_tokens, completion_tokens);
                         running -= 1;
-                        let mut values = match choice.parser.take() {
-                            Some(parser) => self.deltas(index, choice, parser.finish()),
+                        let mut values = match choice.reading.take() {
+                            Some(reading) => self.deltas(index, choice, reading.finish()),
                             None => Vec::new(),
                         };
                         let mut logprobs = std::mem::take(&mut choice.held);
@@ -339,17 +414,20 @@ impl Reply {
         Sse::new(UnboundedReceiverStream::new(stream))
     }
 
-    /// The chunks of what the parser of a choice read, the log-probabilities of the text it
-    /// held with the first.
-    fn deltas(&self, index: usize, choice: &mut Streamed, deltas: Vec<Delta>) -> Vec<Value> {
-        let mut values = Vec::with_capacity(deltas.len());
-        for delta in deltas {
+    /// The chunks of what the reading of a choice said, the log-probabilities of the text
+    /// it held with the first.
+    fn deltas(&self, index: usize, choice: &mut Streamed, said: Vec<Said>) -> Vec<Value> {
+        let mut values = Vec::with_capacity(said.len());
+        for said in said {
             let logprobs = std::mem::take(&mut choice.held);
-            let value = match &delta {
-                Delta::Content(text) => {
+            let value = match &said {
+                Said::Reasoning(text) => {
+                    self.chunk(index, choice, Piece::Reasoning(text), None, &logprobs)
+                }
+                Said::Delta(Delta::Content(text)) => {
                     self.chunk(index, choice, Piece::Text(Some(text)), None, &logprobs)
                 }
-                Delta::Call(call) => {
+                Said::Delta(Delta::Call(call)) => {
                     choice.calls += 1;
                     let piece = Piece::Call(choice.calls - 1, call);
                     self.chunk(index, choice, piece, None, &logprobs)
@@ -549,5 +627,122 @@ mod tests {
         // Tokens past the text (cut by a stop string) point at its end.
         let cut = [token("x", b"x"), token("yz", b"yz"), token("w", b"w")];
         assert_eq!(Offsets::default().next("x", &cut), [0, 1, 1]);
+    }
+}
+
+#[cfg(test)]
+mod reading_tests {
+    use super::*;
+
+    const ANSWER: &str = "<think>\nThe weather, then.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
+
+    /// A reply reading for reasoning and for Hermes calls of `get_weather`.
+    fn reply(reasoning: bool) -> Reply {
+        let mut reply = Reply::new(Kind::Chat, 1, "m".into(), false);
+        reply.reasoning = reasoning;
+        reply.tools = Some(ToolReading {
+            format: Format::Hermes,
+            names: vec!["get_weather".into()],
+        });
+        reply
+    }
+
+    /// The engine's events for `ANSWER` sent in pieces of `size` bytes (at characters).
+    fn events(size: usize) -> Vec<async_mpsc::UnboundedReceiver<Event>> {
+        let (sender, receiver) = async_mpsc::unbounded_channel();
+        let mut at = 0;
+        while at < ANSWER.len() {
+            let end = (at + size).min(ANSWER.len());
+            sender.send(Event::Text(ANSWER[at..end].into())).unwrap();
+            at = end;
+        }
+        let done = Event::Done {
+            reason: StopReason::Eos,
+            prompt_tokens: 3,
+            cached_tokens: 0,
+            completion_tokens: 9,
+        };
+        sender.send(done).unwrap();
+        vec![receiver]
+    }
+
+    fn body(response: Response) -> String {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let bytes = runtime
+            .block_on(axum::body::to_bytes(response.into_body(), 1 << 20))
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+
+    fn whole(reply: Reply, size: usize) -> Value {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let response = runtime.block_on(reply.whole(events(size)));
+        serde_json::from_str(&body(response)).unwrap()
+    }
+
+    /// The streamed chunks' reasoning, content, calls and finish reason, joined.
+    fn streamed(reply: Reply, size: usize) -> (String, String, Vec<Value>, Value) {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let text = runtime.block_on(async {
+            let response = reply.stream(events(size), false).into_response();
+            let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await;
+            String::from_utf8(bytes.unwrap().to_vec()).unwrap()
+        });
+        let (mut reasoning, mut content, mut calls, mut finish) =
+            (String::new(), String::new(), Vec::new(), Value::Null);
+        for line in text.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if line == "[DONE]" {
+                break;
+            }
+            let chunk: Value = serde_json::from_str(line).unwrap();
+            let choice = &chunk["choices"][0];
+            let delta = &choice["delta"];
+            reasoning.push_str(delta["reasoning_content"].as_str().unwrap_or_default());
+            content.push_str(delta["content"].as_str().unwrap_or_default());
+            calls.extend(delta["tool_calls"].as_array().cloned().unwrap_or_default());
+            if !choice["finish_reason"].is_null() {
+                finish = choice["finish_reason"].clone();
+            }
+        }
+        (reasoning, content, calls, finish)
+    }
+
+    /// A thinking answer that calls a tool: its reasoning in `reasoning_content`, the call
+    /// in `tool_calls`, no content; streamed in pieces of any size, the same.
+    #[test]
+    fn reasoning_and_calls_are_read_whole_and_streamed() {
+        for size in [1, 2, 3, 7, 16, ANSWER.len()] {
+            let answer = whole(reply(true), size);
+            let message = &answer["choices"][0]["message"];
+            assert_eq!(message["reasoning_content"], "The weather, then.");
+            assert_eq!(message["content"], Value::Null);
+            assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather");
+            assert_eq!(
+                message["tool_calls"][0]["function"]["arguments"],
+                r#"{"city":"Paris"}"#
+            );
+            assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
+
+            let (reasoning, content, calls, finish) = streamed(reply(true), size);
+            assert_eq!(reasoning, "The weather, then.", "pieces of {size}");
+            assert_eq!(content, "");
+            assert_eq!(calls.len(), 1);
+            assert_eq!(calls[0]["index"], 0);
+            assert_eq!(calls[0]["function"]["arguments"], r#"{"city":"Paris"}"#);
+            assert_eq!(finish, "tool_calls");
+        }
+        // Kept in the content (--keep-thinking): the call is still read, after the section.
+        let answer = whole(reply(false), 5);
+        let message = &answer["choices"][0]["message"];
+        assert_eq!(message["content"], "<think>\nThe weather, then.\n</think>");
+        assert!(message.get("reasoning_content").is_none());
+        assert_eq!(message["tool_calls"].as_array().unwrap().len(), 1);
     }
 }

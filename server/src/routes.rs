@@ -146,6 +146,7 @@ async fn respond(
             let mut reply = Reply::new(kind, n, model, request.logprobs.is_some());
             reply.grammar_param = grammar_param(&request);
             reply.tools = tools;
+            reply.reasoning = !state.options.keep_thinking && thinks(&state);
             if request.stream {
                 reply.stream(events, request.include_usage).into_response()
             } else {
@@ -154,6 +155,16 @@ async fn respond(
         }
         Err(e) => e.into_response(),
     }
+}
+
+/// Whether the model thinks before it answers: its chat template knows `<think>` sections
+/// (Qwen3's, SmolLM3's).
+fn thinks(state: &State) -> bool {
+    let template = state
+        .loaded
+        .get()
+        .and_then(|loaded| loaded.tokenizer.chat_template());
+    template.is_some_and(|template| template.contains("<think>"))
 }
 
 fn ready(state: &State) -> Result<&Loaded, ApiError> {
@@ -363,7 +374,7 @@ fn tokenize(
         Prompt::Chat(messages) => {
             let mut chat = tokenizer.chat_messages(messages).map_err(invalid)?;
             chat.tools = template.tools.clone();
-            chat.kwargs = template.kwargs.clone();
+            chat.kwargs.extend(template.kwargs.clone());
             (tokenizer.encode_request(&chat, &ChatRequest::render, specials)).map_err(invalid)?
         }
         Prompt::Text(text) => tokenizer.encode(&text).map_err(invalid)?,

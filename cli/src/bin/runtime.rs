@@ -89,6 +89,19 @@ struct CommonArgs {
     /// --chat-template-file): one that teaches tool calls, say.
     #[arg(long, value_name = "FILE")]
     chat_template: Option<PathBuf>,
+    /// Variables for the chat template, a JSON object (as llama-server's): e.g.
+    /// '{"enable_thinking": false}' for Qwen3 to answer without thinking first.
+    #[arg(long, value_name = "JSON", value_parser = template_kwargs)]
+    chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `--chat-template-kwargs`: a JSON object.
+fn template_kwargs(text: &str) -> Result<serde_json::Map<String, serde_json::Value>, String> {
+    match serde_json::from_str(text) {
+        Ok(serde_json::Value::Object(kwargs)) => Ok(kwargs),
+        Ok(_) => Err("not a JSON object".into()),
+        Err(e) => Err(format!("not JSON: {e}")),
+    }
 }
 
 #[derive(Args)]
@@ -272,6 +285,10 @@ struct ServeArgs {
     /// itself, as llama-server and vLLM read it, instead of plain text.
     #[arg(long)]
     special_in_content: bool,
+    /// Leave a thinking model's `<think>` section (Qwen3's) at the start of a chat answer's
+    /// content, instead of moving it to `reasoning_content` as vLLM and llama-server do.
+    #[arg(long)]
+    keep_thinking: bool,
     /// Largest request body, in bytes (larger ones get 413).
     #[arg(long, default_value_t = 1 << 20)]
     body_limit: usize,
@@ -380,6 +397,7 @@ fn serve(args: &ServeArgs) -> Result<()> {
         allowed_origins: args.allowed_origins.clone(),
         allowed_hosts: args.allowed_hosts.clone(),
         content_specials: specials(args.special_in_content),
+        keep_thinking: args.keep_thinking,
     };
     let listening = |address| {
         println!("listening on http://{address}");
@@ -432,6 +450,9 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
         let template = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the chat template {}", path.display()))?;
         tokenizer.set_chat_template(template);
+    }
+    if let Some(kwargs) = &common.chat_template_kwargs {
+        tokenizer.set_template_kwargs(kwargs.clone());
     }
     Ok((generator, tokenizer))
 }

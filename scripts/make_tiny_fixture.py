@@ -138,6 +138,7 @@ def make_variant(out, name, family, config_args, tokenizer, switched_off, edit_c
         "mistral": (tf.MistralForCausalLM, tf.MistralConfig),
         "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config),
         "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config),
+        "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config),
     }[family]
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(20261123)
@@ -264,6 +265,15 @@ def variants():
                   qwen_tok,
                   {"qk_norm": without_qk_norm, "biases": "zero_biases"},
                   None),
+        # SmolLM3: no RoPE in every fourth layer (3 and 7 of 8), q/k/v/o and MLP biases on
+        # (the published model has none), tied, theta 5e6.
+        "smollm3": ("smollm3", dict(base, num_hidden_layers=8, num_attention_heads=4, pad_token_id=None,
+                                    num_key_value_heads=2, attention_bias=True, mlp_bias=True,
+                                    tie_word_embeddings=True, use_sliding_window=False,
+                                    rope_parameters={"rope_type": "default", "rope_theta": 5000000.0}),
+                    llama_tok,
+                    {"no_rope": {"no_rope_layers": [1] * 8}, "biases": "zero_biases"},
+                    None),
     }
 
 

@@ -106,7 +106,9 @@ fn logits_match_transformers() {
 /// Every Llama-family variant's logits, prefill, decode and mixed, within 1e-4.
 #[test]
 fn family_logits_match_transformers() {
-    for variant in ["llama3", "linear", "mistral", "qwen2", "yarn", "qwen3"] {
+    for variant in [
+        "llama3", "linear", "mistral", "qwen2", "yarn", "qwen3", "smollm3",
+    ] {
         let dir = data_dir(&format!("tiny-{variant}"));
         convert_and_check(&dir, &family_fixture(&dir));
     }

@@ -67,14 +67,18 @@ pub enum Family {
     /// `Qwen3ForCausalLM`: each head's query and key RMS-normalized before RoPE (`q_norm`,
     /// `k_norm`); biases as `attention_bias` says (none in the published models).
     Qwen3,
+    /// `SmolLM3ForCausalLM`: no RoPE in the layers `no_rope_layers` marks 0 (every fourth
+    /// by default, `no_rope_layer_interval`).
+    SmolLM3,
 }
 
 /// (`architectures` entry, `model_type`, family).
-const FAMILIES: [(&str, &str, Family); 4] = [
+const FAMILIES: [(&str, &str, Family); 5] = [
     ("LlamaForCausalLM", "llama", Family::Llama),
     ("MistralForCausalLM", "mistral", Family::Mistral),
     ("Qwen2ForCausalLM", "qwen2", Family::Qwen2),
     ("Qwen3ForCausalLM", "qwen3", Family::Qwen3),
+    ("SmolLM3ForCausalLM", "smollm3", Family::SmolLM3),
 ];
 
 impl Family {
@@ -134,6 +138,10 @@ pub struct HfConfig {
     /// Per-layer attention kinds (transformers ≥ 4.53): `full_attention` or
     /// `sliding_attention`.
     pub layer_types: Option<Vec<String>>,
+    /// SmolLM3: per layer, 1 where it applies RoPE, 0 where not; without it, every
+    /// `no_rope_layer_interval`-th layer has none.
+    pub no_rope_layers: Option<Vec<u8>>,
+    pub no_rope_layer_interval: Option<usize>,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<TokenIds>,
 }
@@ -340,10 +348,42 @@ pub struct LlamaConfig {
     /// Each head's query and key RMS-normalized (over `head_dim`, with their own weights)
     /// before RoPE, as Qwen3 does.
     pub qk_norm: bool,
+    /// The layers that apply no RoPE (SmolLM3's NoPE layers), in order.
+    pub layers_without_rope: Vec<usize>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+}
+
+/// SmolLM3's NoPE layers, as transformers' `SmolLM3Config` reads them: `no_rope_layers`
+/// (1 = RoPE, 0 = none, one a layer), else every `no_rope_layer_interval`-th layer (4).
+fn layers_without_rope(hf: &HfConfig) -> Result<Vec<usize>, ConfigError> {
+    let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+    if hf.use_sliding_window == Some(true) {
+        return invalid(
+            "use_sliding_window: true is not supported for SmolLM3ForCausalLM (its NoPE \
+             layers would take a window)"
+                .into(),
+        );
+    }
+    match (&hf.no_rope_layers, hf.no_rope_layer_interval.unwrap_or(4)) {
+        (Some(flags), _) if flags.len() != hf.num_hidden_layers => invalid(format!(
+            "no_rope_layers has {} entries for {} layers",
+            flags.len(),
+            hf.num_hidden_layers
+        )),
+        (Some(flags), _) => match flags.iter().find(|&&flag| flag > 1) {
+            Some(flag) => invalid(format!(
+                "no_rope_layers holds {flag}; only 0 and 1 mean something"
+            )),
+            None => Ok((0..flags.len()).filter(|&i| flags[i] == 0).collect()),
+        },
+        (None, 0) => invalid("no_rope_layer_interval 0 is not a layer interval".into()),
+        (None, interval) => Ok((0..hf.num_hidden_layers)
+            .filter(|layer| (layer + 1) % interval == 0)
+            .collect()),
+    }
 }
 
 impl HfConfig {
@@ -379,6 +419,7 @@ impl LlamaConfig {
             sliding_window: None,
             biases: Biases::default(),
             qk_norm: false,
+            layers_without_rope: Vec::new(),
             max_position_embeddings,
             tie_word_embeddings: false,
             bos_token_id: None,
@@ -485,7 +526,7 @@ impl LlamaConfig {
             return invalid(format!("rope_theta {rope_theta} must be greater than 1"));
         }
         let (sliding_window, biases) = match family {
-            Family::Llama => (
+            Family::Llama | Family::SmolLM3 => (
                 None,
                 Biases {
                     qkv: hf.attention_bias == Some(true),
@@ -524,6 +565,10 @@ impl LlamaConfig {
         if sliding_window == Some(0) {
             return invalid("sliding_window 0 leaves nothing to attend to".into());
         }
+        let layers_without_rope = match family {
+            Family::SmolLM3 => layers_without_rope(hf)?,
+            _ => Vec::new(),
+        };
         Ok(Self {
             hidden_size: hf.hidden_size,
             intermediate_size: hf.intermediate_size,
@@ -538,6 +583,7 @@ impl LlamaConfig {
             sliding_window,
             biases,
             qk_norm: family == Family::Qwen3,
+            layers_without_rope,
             max_position_embeddings: hf.max_position_embeddings,
             tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
             bos_token_id: hf.bos_token_id,
@@ -675,6 +721,37 @@ mod tests {
         let biased = resolve(v).unwrap().biases;
         assert_eq!((biased.qkv, biased.o, biased.mlp), (true, true, false));
         assert!(!resolve(smollm()).unwrap().qk_norm);
+    }
+
+    /// SmolLM3's NoPE layers: listed (`no_rope_layers`, 0 = none) or every fourth
+    /// (`no_rope_layer_interval`); a list that does not fit the layers is refused.
+    #[test]
+    fn smollm3_layers_without_rope() {
+        let mut v = smollm();
+        v["architectures"] = serde_json::json!(["SmolLM3ForCausalLM"]);
+        v["num_hidden_layers"] = 8.into();
+        assert_eq!(resolve(v.clone()).unwrap().layers_without_rope, [3, 7]);
+        v["no_rope_layer_interval"] = 3.into();
+        assert_eq!(resolve(v.clone()).unwrap().layers_without_rope, [2, 5]);
+        v["no_rope_layers"] = serde_json::json!([0, 1, 1, 1, 1, 1, 1, 0]);
+        assert_eq!(resolve(v.clone()).unwrap().layers_without_rope, [0, 7]);
+        for (flags, named) in [
+            (serde_json::json!([1, 1]), "2 entries for 8 layers"),
+            (serde_json::json!([1, 1, 1, 2, 1, 1, 1, 1]), "holds 2"),
+        ] {
+            let mut v = v.clone();
+            v["no_rope_layers"] = flags;
+            let err = resolve(v).unwrap_err().to_string();
+            assert!(err.contains(named), "{err}");
+        }
+        v["use_sliding_window"] = true.into();
+        assert!(
+            resolve(v)
+                .unwrap_err()
+                .to_string()
+                .contains("use_sliding_window")
+        );
+        assert!(resolve(smollm()).unwrap().layers_without_rope.is_empty());
     }
 
     /// Llama 3.x as published (`rope_scaling` with `rope_type`, top-level `rope_theta`) and

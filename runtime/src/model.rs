@@ -54,6 +54,10 @@ pub struct Attention<B: Backend> {
     /// key head.
     pub q_norm: Option<RmsNorm<B>>,
     pub k_norm: Option<RmsNorm<B>>,
+    /// Whether queries and keys are rotated (SmolLM3's NoPE layers are not); from the
+    /// config, not the record.
+    #[module(skip)]
+    pub rope: bool,
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
@@ -93,7 +97,7 @@ impl LlamaConfig {
             self.n_kv_heads * self.head_dim,
         );
         let layers = (0..self.num_layers)
-            .map(|_| DecoderLayer {
+            .map(|layer| DecoderLayer {
                 input_layernorm: norm(),
                 self_attn: Attention {
                     q_proj: linear(hidden, q_dim, biases.qkv),
@@ -102,6 +106,7 @@ impl LlamaConfig {
                     o_proj: linear(q_dim, hidden, biases.o),
                     q_norm: self.qk_norm.then(head_norm),
                     k_norm: self.qk_norm.then(head_norm),
+                    rope: !self.layers_without_rope.contains(&layer),
                     n_heads: self.n_heads,
                     n_kv_heads: self.n_kv_heads,
                     head_dim: self.head_dim,
@@ -378,6 +383,7 @@ impl<B: KernelBackend> DecoderLayer<B> {
     fn shape(&self, window: Option<usize>, matmul: Matmul) -> LayerShape {
         LayerShape {
             heads: self.self_attn.heads(),
+            rope: self.self_attn.rope,
             epsilon: self.input_layernorm.epsilon as f32,
             window,
             matmul,
@@ -410,8 +416,13 @@ impl<B: KernelBackend> Attention<B> {
         let heads = self.heads();
         let [q, k, v] = linears(x, [&self.q_proj, &self.k_proj, &self.v_proj], matmul);
         let (q, k) = (head_norm(&self.q_norm, q), head_norm(&self.k_norm, k));
-        let q = B::rotary(q, rope, heads.score_scale());
-        let k = B::rotary(k, rope, 1.0);
+        let (q, k) = match self.rope {
+            true => (
+                B::rotary(q, rope, heads.score_scale()),
+                B::rotary(k, rope, 1.0),
+            ),
+            false => (q.mul_scalar(heads.score_scale()), k),
+        };
         let (k, v) = cache.append(k, v)?; // [batch, start + seq, n_kv * hd]
         let attended = B::causal_attention(q, k, v, heads, cache.window());
         Ok(project(&self.o_proj, attended, matmul))
@@ -502,8 +513,8 @@ mod tests {
     /// what the layer's ops give, token after token, with keys split across threads once
     /// there are enough of them and projections both split and not: at 1, 2, 3 and 5
     /// threads, inside a thread team as `Llama::decode` runs it. Plain, and with every bias,
-    /// a sliding window shorter than the sequence and Qwen3's head norms; with each KV cache
-    /// type.
+    /// a sliding window shorter than the sequence and Qwen3's head norms, and without RoPE
+    /// (SmolLM3's NoPE layers); with each KV cache type.
     #[test]
     fn fused_decode_layer_equals_the_composed_ops() {
         let plain = LlamaConfig::plain([64, 160, 1], [4, 2, 16], 10, 96);
@@ -518,6 +529,10 @@ mod tests {
                 biases: all,
                 sliding_window: Some(40),
                 qk_norm: true,
+                ..plain.clone()
+            },
+            LlamaConfig {
+                layers_without_rope: vec![0],
                 ..plain
             },
         ] {

@@ -82,6 +82,8 @@ impl<V, M> LayerWeights<V, M> {
 #[derive(Debug, Clone, Copy)]
 pub struct LayerShape {
     pub heads: Heads,
+    /// Whether queries and keys are rotated (not in SmolLM3's NoPE layers).
+    pub rope: bool,
     /// RMSNorm's epsilon.
     pub epsilon: f32,
     /// Attention's sliding window, if it has one (see [`CausalAttention::window`]).
@@ -116,6 +118,7 @@ pub fn decode_layer<S: Stored>(
 ) {
     let LayerShape {
         heads,
+        rope: rotated,
         epsilon,
         window,
         matmul,
@@ -140,8 +143,12 @@ pub fn decode_layer<S: Stored>(
                 simd::rms_norm_rows(&unnormed, gamma, epsilon, rows);
             }
         }
-        simd::rotary_heads(q, cos, sin, heads.score_scale());
-        simd::rotary_heads(k, cos, sin, 1.0);
+        if rotated {
+            simd::rotary_heads(q, cos, sin, heads.score_scale());
+            simd::rotary_heads(k, cos, sin, 1.0);
+        } else {
+            q.iter_mut().for_each(|x| *x *= heads.score_scale());
+        }
         // The token's key and value join the cache; it attends to every position so far.
         let KvSlot {
             keys,

@@ -2,7 +2,9 @@
 """Writes a random bf16 checkpoint shaped like a real model, for measuring conversion and
 loading at scale (not committed, not in CI: a 1B-shaped one is 2.5 GB).
 
-usage: python3 scripts/make_random_checkpoint.py OUT_DIR [--shape llama-3.2-1b|llama-3.2-3b]
+usage: python3 scripts/make_random_checkpoint.py OUT_DIR [--shape SHAPE]
+SHAPE: llama-3.2-1b (default), llama-3.2-3b, qwen3-0.6b, or qwen3-0.6b-as-llama (the same
+sizes as a Llama: no head norms, for comparing the two)
 
 Shapes are the published configs' (hidden, layers, heads, MLP, vocab, tied embeddings,
 Llama 3.1 RoPE scaling); weights are normal(0, 0.02), norm weights normal(1, 0.1), written
@@ -24,7 +26,11 @@ SHAPES = {
                          num_key_value_heads=8, intermediate_size=8192, head_dim=64),
     "llama-3.2-3b": dict(hidden_size=3072, num_hidden_layers=28, num_attention_heads=24,
                          num_key_value_heads=8, intermediate_size=8192, head_dim=128),
+    "qwen3-0.6b": dict(hidden_size=1024, num_hidden_layers=28, num_attention_heads=16,
+                       num_key_value_heads=8, intermediate_size=3072, head_dim=128,
+                       vocab_size=151936),
 }
+SHAPES["qwen3-0.6b-as-llama"] = SHAPES["qwen3-0.6b"]
 VOCAB = 128256
 
 
@@ -39,10 +45,13 @@ def tensors(config):
     h, f = config["hidden_size"], config["intermediate_size"]
     q = config["num_attention_heads"] * config["head_dim"]
     kv = config["num_key_value_heads"] * config["head_dim"]
-    yield "model.embed_tokens.weight", (VOCAB, h)
+    yield "model.embed_tokens.weight", (config["vocab_size"], h)
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         yield p + "input_layernorm.weight", (h,)
+        if config["model_type"] == "qwen3":
+            yield p + "self_attn.q_norm.weight", (config["head_dim"],)
+            yield p + "self_attn.k_norm.weight", (config["head_dim"],)
         yield p + "self_attn.q_proj.weight", (q, h)
         yield p + "self_attn.k_proj.weight", (kv, h)
         yield p + "self_attn.v_proj.weight", (kv, h)
@@ -59,8 +68,9 @@ def main():
     shape = sys.argv[sys.argv.index("--shape") + 1] if "--shape" in sys.argv else "llama-3.2-1b"
     config = dict(SHAPES[shape])
     os.makedirs(out, exist_ok=True)
+    config.setdefault("vocab_size", VOCAB)
     config.update({
-        "architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": VOCAB,
+        "architectures": ["LlamaForCausalLM"], "model_type": "llama",
         "max_position_embeddings": 131072, "rms_norm_eps": 1e-5, "rope_theta": 500000.0,
         "rope_scaling": {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0,
                          "high_freq_factor": 4.0, "original_max_position_embeddings": 8192},
@@ -68,11 +78,18 @@ def main():
         "mlp_bias": False, "bos_token_id": 128000, "eos_token_id": 128001,
         "torch_dtype": "bfloat16",
     })
+    if shape.startswith("qwen3"):  # Qwen3-0.6B's RoPE and ids
+        del config["rope_scaling"]
+        config.update({"rope_theta": 1000000.0, "max_position_embeddings": 40960,
+                       "rms_norm_eps": 1e-6, "bos_token_id": 151643, "eos_token_id": 151645})
+    if shape == "qwen3-0.6b":
+        config.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
+                       "use_sliding_window": False})
     json.dump(config, open(os.path.join(out, "config.json"), "w"), indent=2)
 
     tok = bpe_tokenizer(LLAMA3_SPLIT, [], 360)
     base = tok.get_vocab_size()
-    tok.add_special_tokens([f"<|reserved_special_token_{i}|>" for i in range(VOCAB - base)])
+    tok.add_special_tokens([f"<|reserved_special_token_{i}|>" for i in range(config["vocab_size"] - base)])
     tok.save(os.path.join(out, "tokenizer.json"))
 
     layout = list(tensors(config))

@@ -3,8 +3,14 @@
 `openai_python_client`): chat and completions, plain and streamed, logprobs, the model list,
 and a refused request raising the client's typed error.
 
-usage: openai_client.py BASE_URL API_KEY
+With `tools` (run by serve_tools.rs's `openai_python_client_calls_tools`, against a server
+whose chat template teaches tool calls): a forced tool call whose arguments are valid, sent
+back with its result and answered, and the same call streamed.
+
+usage: openai_client.py BASE_URL API_KEY [tools]
 """
+import json
+import re
 import sys
 from concurrent.futures import ThreadPoolExecutor
 
@@ -16,6 +22,124 @@ messages = [{"role": "user", "content": "What is the capital of France?"}]
 
 models = client.models.list()
 model = models.data[0].id
+
+
+def check(value, schema, where="arguments"):
+    """`value` valid against `schema`, for the keywords the tools below use (a hand check:
+    CI installs only the openai package)."""
+    if "enum" in schema:
+        assert value in schema["enum"], (where, value, schema)
+    kind = schema.get("type")
+    if kind == "object":
+        assert isinstance(value, dict), (where, value)
+        for key in schema.get("required", []):
+            assert key in value, (where, key, value)
+        properties = schema.get("properties", {})
+        if schema.get("additionalProperties") is False:
+            assert set(value) <= set(properties), (where, value)
+        for key, item in value.items():
+            if key in properties:
+                check(item, properties[key], f"{where}.{key}")
+    elif kind == "array":
+        assert isinstance(value, list), (where, value)
+        assert schema.get("minItems", 0) <= len(value) <= schema.get("maxItems", len(value))
+        for i, item in enumerate(value):
+            check(item, schema["items"], f"{where}[{i}]")
+    elif kind == "string":
+        assert isinstance(value, str), (where, value)
+        assert schema.get("minLength", 0) <= len(value) <= schema.get("maxLength", len(value))
+        if "pattern" in schema:
+            assert re.search(schema["pattern"], value), (where, value)
+    elif kind == "integer":
+        assert isinstance(value, int) and not isinstance(value, bool), (where, value)
+        assert schema.get("minimum", value) <= value <= schema.get("maximum", value)
+    try:
+        import jsonschema  # where it is installed, the whole schema checked too
+    except ImportError:
+        return
+    jsonschema.validate(value, schema)
+
+
+def tool_calls():
+    """A forced call made and answered through the client's types, then streamed."""
+    weather = {"type": "object", "properties": {
+        "location": {"type": "object", "properties": {
+            "city": {"type": "string", "minLength": 1, "maxLength": 16}},
+            "required": ["city"], "additionalProperties": False},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]},
+        "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+        "required": ["location", "unit"], "additionalProperties": False}
+    tools = [{"type": "function", "function": {
+        "name": "get_weather", "description": "The weather forecast for a city.",
+        "parameters": weather}}]
+    ask = [{"role": "user", "content": "What's the weather in Paris?"}]
+    forced = dict(model=model, messages=ask, tools=tools, tool_choice="required",
+                  parallel_tool_calls=False, temperature=0, max_tokens=80)
+    whole = client.chat.completions.create(**forced)
+    choice = whole.choices[0]
+    assert choice.finish_reason == "tool_calls", whole
+    assert choice.message.content is None, whole
+    calls = choice.message.tool_calls
+    assert calls is not None and len(calls) == 1, whole
+    for call in calls:
+        assert call.type == "function" and call.id, call
+        assert call.function.name == "get_weather", call
+        check(json.loads(call.function.arguments), weather)
+
+    # The answer's message sent back as the client has it (the README's round trip), then
+    # the same as plain dicts, with the tool's result: answered.
+    results = [{"role": "tool", "tool_call_id": call.id,
+                "content": json.dumps({"temperature": 21, "sky": "sunny"})} for call in calls]
+    sent = {"role": "assistant", "content": None,
+            "tool_calls": [call.model_dump(exclude_none=True) for call in calls]}
+    for turn in (choice.message, sent):
+        answer = client.chat.completions.create(model=model, messages=ask + [turn] + results,
+                                                tools=tools, temperature=0, max_tokens=8)
+        message = answer.choices[0].message
+        assert message.content is not None or message.tool_calls, answer
+        assert answer.usage.prompt_tokens > whole.usage.prompt_tokens + 20, (answer, whole)
+    # A call whose arguments are not JSON: the client's typed error, naming messages.
+    broken = dict(sent, tool_calls=[dict(sent["tool_calls"][0], function={
+        "name": "get_weather", "arguments": "{\"location\""})])
+    try:
+        client.chat.completions.create(model=model, messages=ask + [broken] + results,
+                                       tools=tools, max_tokens=8)
+        raise AssertionError("arguments that are not JSON were accepted")
+    except openai.BadRequestError as e:
+        assert e.param == "messages", e
+
+    # Streamed: the deltas, joined by index, are the same call.
+    streamed, finish, roles, content = {}, None, [], []
+    for chunk in client.chat.completions.create(**forced, stream=True):
+        for delta_choice in chunk.choices:
+            delta = delta_choice.delta
+            roles.append(delta.role)
+            if delta.content:
+                content.append(delta.content)
+            for call in delta.tool_calls or []:
+                if call.index not in streamed:
+                    assert call.id, chunk
+                    streamed[call.index] = {"id": call.id, "name": "", "arguments": ""}
+                else:
+                    assert not call.id, chunk
+                if call.function and call.function.name:
+                    streamed[call.index]["name"] += call.function.name
+                if call.function and call.function.arguments:
+                    streamed[call.index]["arguments"] += call.function.arguments
+            if delta_choice.finish_reason is not None:
+                finish = delta_choice.finish_reason
+    assert roles[0] == "assistant", roles
+    assert finish == "tool_calls", finish
+    assert not content, content
+    assert sorted(streamed) == list(range(len(calls))), streamed
+    assert [(streamed[i]["name"], streamed[i]["arguments"]) for i in sorted(streamed)] == \
+        [(call.function.name, call.function.arguments) for call in calls], (streamed, calls)
+
+
+if sys.argv[3:] == ["tools"]:
+    tool_calls()
+    print("openai client tools: ok")
+    sys.exit(0)
 
 whole = client.chat.completions.create(model=model, messages=messages, temperature=0,
                                        max_tokens=20, seed=1)
@@ -72,12 +196,17 @@ several = client.completions.create(model=model, prompt=["Once upon a time", "He
                                     max_tokens=4, temperature=0)
 assert [c.index for c in several.choices] == [0, 1], several
 
-# Fields OpenAI's API accepts: a salt for the kept caches, tools not to be called.
+# Fields OpenAI's API accepts: a salt for the kept caches. Tools, even not to be called, are
+# refused naming `tools` when the model's chat template cannot show them (SmolLM2's).
 client.chat.completions.create(model=model, messages=messages, max_tokens=2,
                                extra_body={"cache_salt": "tenant-a"})
 tools = [{"type": "function", "function": {"name": "f", "parameters": {}}}]
-client.chat.completions.create(model=model, messages=messages, max_tokens=2, tools=tools,
-                               tool_choice="none")
+try:
+    client.chat.completions.create(model=model, messages=messages, max_tokens=2, tools=tools,
+                                   tool_choice="none")
+    raise AssertionError("tools the template cannot show were accepted")
+except openai.BadRequestError as e:
+    assert e.param == "tools", e
 
 # Errors as OpenAI's: the field at fault and the code.
 for kwargs, error, param, code in [

@@ -180,17 +180,20 @@ impl Parser {
     fn hermes(&mut self, out: &mut Vec<Delta>, end: bool) {
         loop {
             match self.state {
-                State::Block => match self.held.find(CLOSE) {
+                State::Block => match block_end(&self.held) {
                     Some(at) => {
                         let body = self.held[..at].to_string();
                         self.held.drain(..at + CLOSE.len());
                         self.state = State::Text;
-                        self.block(out, &body, true);
+                        self.block(out, &body);
                     }
                     None if end => {
-                        // A block the message ended in, unclosed: a call if whole.
+                        // A block the message ended in, unclosed (cut by max_tokens): a call
+                        // if whole, else left out: half a call is neither text nor a call.
                         let body = std::mem::take(&mut self.held);
-                        self.block(out, &body, false);
+                        if let Some(call) = self.call(&body, "arguments") {
+                            out.push(Delta::Call(call));
+                        }
                         return;
                     }
                     None => return,
@@ -203,14 +206,14 @@ impl Parser {
                         self.state = State::Block;
                     }
                     None => {
-                        // Hold back a tail that may be the start of `<tool_call>`.
-                        let keep = if end {
-                            0
-                        } else {
-                            partial_suffix(&self.held, OPEN)
-                        };
+                        // Hold back a tail that may be the start of `<tool_call>`; at the
+                        // end, such a tail is a call cut off as it began, and left out.
+                        let keep = partial_suffix(&self.held, OPEN);
                         let text: String = self.held.drain(..self.held.len() - keep).collect();
                         self.content(out, &text);
+                        if end {
+                            self.held.clear();
+                        }
                         return;
                     }
                 },
@@ -218,14 +221,12 @@ impl Parser {
         }
     }
 
-    /// A `<tool_call>` block's body: a call, or else content, written back as it came.
-    fn block(&mut self, out: &mut Vec<Delta>, body: &str, closed: bool) {
+    /// A closed `<tool_call>` block's body: a call, or else content, written back as it
+    /// came.
+    fn block(&mut self, out: &mut Vec<Delta>, body: &str) {
         match self.call(body, "arguments") {
             Some(call) => out.push(Delta::Call(call)),
-            None => {
-                let close = if closed { CLOSE } else { "" };
-                self.content(out, &format!("{OPEN}{body}{close}"));
-            }
+            None => self.content(out, &format!("{OPEN}{body}{CLOSE}")),
         }
     }
 
@@ -314,4 +315,19 @@ impl Parser {
     fn content(&mut self, out: &mut Vec<Delta>, text: &str) {
         out.extend(self.content.push(text).map(Delta::Content));
     }
+}
+
+/// Where the block whose body starts `text` ends: the first `</tool_call>` after which the
+/// body is not a JSON text cut short (a `</tool_call>` inside one of its strings is not the
+/// end); `None` while there is none yet.
+fn block_end(text: &str) -> Option<usize> {
+    let mut from = 0;
+    while let Some(found) = text[from..].find(CLOSE) {
+        let at = from + found;
+        match serde_json::from_str::<Value>(text[..at].trim()) {
+            Err(e) if e.is_eof() && !text[..at].trim().is_empty() => from = at + CLOSE.len(),
+            _ => return Some(at),
+        }
+    }
+    None
 }

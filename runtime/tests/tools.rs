@@ -68,11 +68,26 @@ fn cases() -> Vec<Case> {
             content: None,
             calls: vec![call("search", r#"{"q":"rust"}"#)],
         },
+        // A call cut off (max_tokens) is left out, whole blocks before it kept, as is a
+        // tag cut off as it began.
         Case {
             format: Hermes,
             text: "Sure <tool_call>\n{\"name\": \"search\", \"argu",
-            content: Some("Sure <tool_call>\n{\"name\": \"search\", \"argu"),
+            content: Some("Sure"),
             calls: vec![],
+        },
+        Case {
+            format: Hermes,
+            text: "<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n</tool_call>\n<tool_",
+            content: None,
+            calls: vec![call("noop", "{}")],
+        },
+        // `</tool_call>` inside an argument's string does not end the block.
+        Case {
+            format: Hermes,
+            text: "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a </tool_call> b\"}}\n</tool_call>",
+            content: None,
+            calls: vec![call("search", r#"{"q":"a </tool_call> b"}"#)],
         },
         // Plain text, with what looks like the start of a tag in it, and non-ASCII.
         Case {

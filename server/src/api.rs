@@ -242,9 +242,22 @@ fn tools(fields: &mut Map<String, Value>) -> Result<Option<Tools>, ApiError> {
         if functions.iter().any(|f| f.name == name) {
             return Err(invalid(format!("two tools are named {name:?}")));
         }
+        // Arguments are an object: a schema that does not say so (`{}`) is taken as one.
         let parameters = match function.get("parameters") {
             None => serde_json::json!({"type": "object", "properties": {}}),
-            Some(schema @ Value::Object(_)) => schema.clone(),
+            Some(Value::Object(schema)) => match schema.get("type") {
+                None => {
+                    let mut schema = schema.clone();
+                    schema.insert("type".into(), "object".into());
+                    Value::Object(schema)
+                }
+                Some(kind) if kind == "object" => Value::Object(schema.clone()),
+                Some(kind) => {
+                    return Err(invalid(format!(
+                        "the parameters of {name:?} must describe an object, not type {kind}"
+                    )));
+                }
+            },
             Some(_) => {
                 return Err(invalid(format!(
                     "the parameters of {name:?} must be a JSON Schema object"
@@ -909,6 +922,7 @@ mod tests {
             (r#"[{"type":"function","function":{"name":"a b"}}]"#.into(), "letters, digits"),
             (r#"[{"type":"function","function":{"name":"f"}},{"type":"function","function":{"name":"f"}}]"#.into(), "two tools"),
             (r#"[{"type":"function","function":{"name":"f","parameters":[]}}]"#.into(), "JSON Schema object"),
+            (r#"[{"type":"function","function":{"name":"f","parameters":{"type":"array"}}}]"#.into(), "describe an object"),
         ] {
             let error = chat_with(&format!(r#","tools":{tools}"#)).unwrap_err();
             assert_eq!(error.param, Some("tools"));

@@ -217,7 +217,7 @@ fn tools(fields: &mut Map<String, Value>) -> Result<Option<Tools>, ApiError> {
     let offered: Vec<Value> = take(fields, "tools")?.unwrap_or_default();
     let choice = take::<Value>(fields, "tool_choice")?;
     let parallel = take(fields, "parallel_tool_calls")?.unwrap_or(true);
-    let invalid = |message: String| ApiError::invalid_field("tools", message);
+    let invalid = |message: String| ApiError::invalid_field("tools", format!("tools: {message}"));
     if offered.len() > MAX_TOOLS {
         return Err(invalid(format!(
             "{} tools; at most {MAX_TOOLS}",

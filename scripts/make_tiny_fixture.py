@@ -139,6 +139,8 @@ def make_variant(out, name, family, config_args, tokenizer, switched_off, edit_c
         "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config),
         "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config),
         "smollm3": (tf.SmolLM3ForCausalLM, tf.SmolLM3Config),
+        "gemma3": (tf.Gemma3ForCausalLM, tf.Gemma3TextConfig),
+        "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config),
     }[family]
     os.makedirs(out, exist_ok=True)
     torch.manual_seed(20261123)
@@ -166,6 +168,10 @@ def make_variant(out, name, family, config_args, tokenizer, switched_off, edit_c
         saved = json.load(open(path))
         edit_config(saved)
         json.dump(saved, open(path, "w"), indent=2)
+        # transformers reads the edited file as the same model.
+        reread = config_class.from_pretrained(out)
+        again = logits_of(model_class, reread, state, ids)
+        assert torch.equal(again, logits), f"{name}: the edited config.json reads differently"
     tokenizer.save(os.path.join(out, "tokenizer.json"))
     logits.numpy().astype("<f4").tofile(os.path.join(out, "logits.bin"))
     json.dump({
@@ -204,6 +210,37 @@ def without_qk_norm(model):
     for layer in model.model.layers:
         layer.self_attn.q_norm = torch.nn.Identity()
         layer.self_attn.k_norm = torch.nn.Identity()
+
+
+def without_sandwich_norms(model):
+    """Gemma 3 without the norms on the attention's and the MLP's outputs."""
+    for layer in model.model.layers:
+        layer.post_attention_layernorm = torch.nn.Identity()
+        layer.post_feedforward_layernorm = torch.nn.Identity()
+
+
+def without_embedding_scale(model):
+    model.model.embed_tokens.embed_scale.fill_(1.0)
+
+
+def without_unit_offset(model):
+    """Gemma's norms multiplying by w, as a runtime that ignored the offset would."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p -= 1.0
+
+
+def gemma3_hub_layout(config):
+    """Gemma 3's hub files: `rope_theta`, `rope_local_base_freq`, `rope_scaling` for the
+    global layers and `sliding_window_pattern` instead of `layer_types`."""
+    parameters = config.pop("rope_parameters")
+    config["rope_theta"] = parameters["full_attention"].pop("rope_theta")
+    config["rope_local_base_freq"] = parameters["sliding_attention"]["rope_theta"]
+    config["rope_scaling"] = parameters["full_attention"]
+    config["sliding_window_pattern"] = 3
+    del config["layer_types"]
+    config.pop("_sliding_window_pattern", None)  # transformers' private copy
 
 
 def variants():
@@ -274,6 +311,41 @@ def variants():
                     llama_tok,
                     {"no_rope": {"no_rope_layers": [1] * 8}, "biases": "zero_biases"},
                     None),
+        # Gemma 3 (text): six layers, sliding (window 24 of the 100 positions) twice then
+        # global, each kind with its RoPE base (the global one linearly scaled, as Gemma 3
+        # 4B+ are), q/k norms, sandwich norms, embeddings scaled by sqrt(hidden), GELU-tanh,
+        # norm weights as offsets from 1, scores scaled by query_pre_attn_scalar 64 (not
+        # head_dim 24's), q/k/v/o biases on (the published models have none), tied;
+        # config.json as the hub writes it.
+        "gemma3": ("gemma3", dict(base, num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=2,
+                                  head_dim=24, attention_bias=True, tie_word_embeddings=True,
+                                  sliding_window=24, query_pre_attn_scalar=64, pad_token_id=0,
+                                  hidden_activation="gelu_pytorch_tanh",
+                                  layer_types=["sliding_attention", "sliding_attention", "full_attention"] * 2,
+                                  rope_parameters={
+                                      "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                                      "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}}),
+                   llama_tok,
+                   {"sliding_window": {"sliding_window": 512},
+                    "sliding_rope_base": {"rope_parameters": {
+                        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0},
+                        "sliding_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 100000.0}}},
+                    "global_rope_scaling": {"rope_parameters": {
+                        "full_attention": {"rope_type": "default", "rope_theta": 100000.0},
+                        "sliding_attention": {"rope_type": "default", "rope_theta": 500.0}}},
+                    "qk_norm": without_qk_norm, "sandwich_norms": without_sandwich_norms,
+                    "embedding_scale": without_embedding_scale, "unit_offset_norms": without_unit_offset,
+                    "gelu_tanh": {"hidden_activation": "silu"}, "query_pre_attn_scalar": {"query_pre_attn_scalar": 24},
+                    "biases": "zero_biases"},
+                   gemma3_hub_layout),
+        # Phi-3: q/k/v and gate/up each one fused projection, a sliding window of 24 over
+        # every layer (Phi-3-mini's is 2047), untied.
+        "phi3": ("phi3", dict(base, num_attention_heads=4, num_key_value_heads=2, pad_token_id=0,
+                              sliding_window=24, tie_word_embeddings=False,
+                              rope_parameters={"rope_type": "default", "rope_theta": 10000.0}),
+                 llama_tok,
+                 {"sliding_window": {"sliding_window": None}},
+                 None),
     }
 
 

@@ -7,9 +7,10 @@
 
 use std::collections::BTreeMap;
 use std::io::Write;
+use std::ops::Range;
 use std::path::Path;
 
-use anyhow::{Context, Result, bail};
+use anyhow::{Context, Result, bail, ensure};
 use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
@@ -18,6 +19,8 @@ use runtime::artifact::is_plain_file_name;
 use runtime::files::read_text_bounded;
 
 use runtime::files::MappedFile;
+
+use crate::names::Transform;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
 pub const INDEX_FILE: &str = "model.safetensors.index.json";
@@ -105,20 +108,53 @@ impl Checkpoint {
     }
 
     /// Writes tensor `name`'s values into `out` as little-endian f32 (bf16 and f16 widen
-    /// exactly), as stored or, with `transpose`, a `[rows, cols]` matrix as `[cols, rows]`.
+    /// exactly), through `transform` (a `[rows, cols]` matrix transposed to `[cols, rows]`,
+    /// or 1 added to each value); with `rows`, only those rows of a matrix (a block of a
+    /// fused projection).
     ///
     /// A block at a time: memory holds a few MB of output and the tensor's mapped pages,
     /// which are dropped when it is done, not a tensor's worth of f32 (an embedding of
     /// 128k × 2048 is a GB, its transposed copy for lm_head another).
-    pub fn write_f32(&self, name: &str, transpose: bool, out: &mut impl Write) -> Result<()> {
+    pub fn write_f32(
+        &self,
+        name: &str,
+        rows: Option<Range<usize>>,
+        transform: Transform,
+        out: &mut impl Write,
+    ) -> Result<()> {
         let meta = self
             .tensors
             .get(name)
             .with_context(|| format!("tensor {name} is missing"))?;
+        let meta = match rows {
+            Some(rows) => &meta.rows(name, rows)?,
+            None => meta,
+        };
         let shard = &self.shards[meta.shard];
-        write_tensor(name, meta, shard.bytes(), transpose, BLOCK, out)?;
+        write_tensor(name, meta, shard.bytes(), transform, BLOCK, out)?;
         shard.release(meta.start..meta.end);
         Ok(())
+    }
+}
+
+impl TensorMeta {
+    /// Rows `rows` of this matrix, which are contiguous in the file.
+    pub fn rows(&self, name: &str, rows: Range<usize>) -> Result<Self> {
+        let &[all, cols] = self.shape.as_slice() else {
+            bail!("tensor {name} is not a matrix: shape {:?}", self.shape);
+        };
+        ensure!(
+            rows.start <= rows.end && rows.end <= all,
+            "tensor {name} has {all} rows, not {rows:?}"
+        );
+        let row_bytes = cols * dtype_width(name, self.dtype)?;
+        Ok(Self {
+            dtype: self.dtype,
+            shape: vec![rows.len(), cols],
+            shard: self.shard,
+            start: self.start + rows.start * row_bytes,
+            end: self.start + rows.end * row_bytes,
+        })
     }
 }
 
@@ -128,11 +164,12 @@ pub fn write_tensor(
     name: &str,
     meta: &TensorMeta,
     shard_bytes: &[u8],
-    transpose: bool,
+    transform: Transform,
     block: usize,
     out: &mut impl Write,
 ) -> Result<()> {
     let bytes = &shard_bytes[meta.start..meta.end];
+    let transpose = transform == Transform::Transpose;
     let width = dtype_width(name, meta.dtype)?;
     let mut values = Vec::with_capacity(block);
     let mut encoded = Vec::with_capacity(block * 4);
@@ -145,6 +182,10 @@ pub fn write_tensor(
         for chunk in bytes.chunks(block * width) {
             values.clear();
             decode_into(meta.dtype, chunk, &mut values);
+            if transform == Transform::AddOne {
+                // As transformers' `1.0 + weight.float()`: the sum of the f32 values.
+                values.iter_mut().for_each(|v| *v += 1.0);
+            }
             emit(&values)?;
         }
         return Ok(());
@@ -279,7 +320,11 @@ mod tests {
             };
             let written = |transpose, block| {
                 let mut out = Vec::new();
-                write_tensor("t", &meta, &bytes, transpose, block, &mut out).unwrap();
+                let transform = match transpose {
+                    true => Transform::Transpose,
+                    false => Transform::Keep,
+                };
+                write_tensor("t", &meta, &bytes, transform, block, &mut out).unwrap();
                 let floats: Vec<f32> = out
                     .chunks_exact(4)
                     .map(|c| f32::from_le_bytes(c.try_into().unwrap()))

@@ -296,25 +296,50 @@ fn plan(
     // Every name the model's parameters have in a checkpoint (lm_head's too when tied).
     let mut known = BTreeSet::new();
     for param in params::<B, _>(model) {
-        let (mut hf_name, transform) = names::to_hf(&param)
+        let (mut hf_name, mut transform) = names::to_hf(&param)
             .ok_or_else(|| anyhow!("no name rule for Burn parameter {}", param.path))?;
-        known.insert(hf_name.clone());
         if hf_name == names::LM_HEAD && config.tie_word_embeddings {
             // Tied: lm_head is the embedding, transposed to [hidden, vocab].
+            known.insert(hf_name);
             hf_name = names::EMBEDDING.to_string();
         }
+        if config.unit_offset_norms && param.owner == "RmsNorm" {
+            transform = Transform::AddOne;
+        }
+        // A part of a fused projection, when the checkpoint has the fused one instead.
+        let mut rows = None;
+        if !checkpoint.tensors.contains_key(&hf_name)
+            && let Some((whole, range, total)) = names::fused(&hf_name, config)
+            && let Some(meta) = checkpoint.tensors.get(&whole)
+        {
+            ensure!(
+                meta.shape.first() == Some(&total),
+                "tensor {whole} has shape {:?}, expected {total} rows from config.json",
+                meta.shape
+            );
+            (hf_name, rows) = (whole, Some(range));
+        }
+        known.insert(hf_name.clone());
         let meta = checkpoint
             .tensors
             .get(&hf_name)
             .ok_or_else(|| anyhow!("missing tensor {hf_name}"))?;
+        let meta = match &rows {
+            Some(rows) => &meta.rows(&hf_name, rows.clone())?,
+            None => meta,
+        };
         let shape = &param.shape;
-        let source_shape = match transform {
-            Transform::Keep => shape.clone(),
-            Transform::Transpose => vec![shape[1], shape[0]],
+        let source_shape = match (transform, shape.as_slice()) {
+            (Transform::Transpose, &[d_in, d_out]) => vec![d_out, d_in],
+            _ => shape.clone(),
+        };
+        let what = match &rows {
+            Some(rows) => format!("tensor {hf_name} rows {rows:?}"),
+            None => format!("tensor {hf_name}"),
         };
         ensure!(
             meta.shape == source_shape,
-            "tensor {hf_name} has shape {:?}, expected {source_shape:?} from config.json",
+            "{what} has shape {:?}, expected {source_shape:?} from config.json",
             meta.shape
         );
         ensure!(
@@ -322,7 +347,14 @@ fn plan(
             "tensor {hf_name} has unsupported dtype {:?} (supported: F32, BF16, F16)",
             meta.dtype
         );
-        sources.insert(param.path, Source { hf_name, transform });
+        sources.insert(
+            param.path,
+            Source {
+                hf_name,
+                rows,
+                transform,
+            },
+        );
     }
     for name in checkpoint.tensors.keys() {
         if names::is_ignored(name) || known.contains(name) {

@@ -8,7 +8,14 @@
 //!
 //! No q/k permutation: the runtime's RoPE uses transformers' `rotate_half` layout, so q_proj
 //! and k_proj rows are used as published.
+//!
+//! Two checkpoint conventions the config names: norm weights stored as offsets from 1
+//! (Gemma; [`Transform::AddOne`]), and fused projections (Phi-3's `qkv_proj` and
+//! `gate_up_proj`), whose blocks of rows are the model's q, k, v, gate and up ([`fused`]).
 
+use std::ops::Range;
+
+use runtime::config::LlamaConfig;
 use runtime::params::ParamInfo;
 
 /// What happens to a tensor between the checkpoint and the record.
@@ -18,6 +25,8 @@ pub enum Transform {
     Keep,
     /// `[out, in]` → `[in, out]`.
     Transpose,
+    /// `w` → `1 + w` (a Gemma norm weight, which the norm multiplies by as `1 + w`).
+    AddOne,
 }
 
 /// The tied source of `lm_head.weight`.
@@ -42,6 +51,33 @@ pub fn to_hf(param: &ParamInfo) -> Option<(String, Transform)> {
     };
     let prefix = if module == "lm_head" { "" } else { "model." };
     Some((format!("{prefix}{module}.{hf_field}"), transform))
+}
+
+/// The fused tensor that holds `hf_name` (a q, k, v, gate or up projection's weight or
+/// bias) as a block of rows, those rows, and how many rows the fused tensor has: q, k and
+/// v are `qkv_proj`'s in that order, gate and up `gate_up_proj`'s, as transformers' Phi-3
+/// splits them.
+pub fn fused(hf_name: &str, config: &LlamaConfig) -> Option<(String, Range<usize>, usize)> {
+    let q = config.n_heads * config.head_dim;
+    let kv = config.n_kv_heads * config.head_dim;
+    let ff = config.intermediate_size;
+    let parts = [
+        ("self_attn.q_proj", "self_attn.qkv_proj", 0..q),
+        ("self_attn.k_proj", "self_attn.qkv_proj", q..q + kv),
+        ("self_attn.v_proj", "self_attn.qkv_proj", q + kv..q + 2 * kv),
+        ("mlp.gate_proj", "mlp.gate_up_proj", 0..ff),
+        ("mlp.up_proj", "mlp.gate_up_proj", ff..2 * ff),
+    ];
+    let (module, field) = hf_name.rsplit_once('.')?;
+    parts.into_iter().find_map(|(part, whole, rows)| {
+        let layer = module.strip_suffix(part)?;
+        let total = if whole.ends_with("qkv_proj") {
+            q + 2 * kv
+        } else {
+            2 * ff
+        };
+        Some((format!("{layer}{whole}.{field}"), rows, total))
+    })
 }
 
 /// `(layer, rest)` of a per-layer name, `model.layers.{layer}.{rest}`, with the layer

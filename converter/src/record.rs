@@ -32,6 +32,8 @@ pub type B = runtime::FlexBackend;
 /// Where a Burn parameter comes from.
 pub struct Source {
     pub hf_name: String,
+    /// The block of the tensor's rows it is, if it is part of a fused one.
+    pub rows: Option<std::ops::Range<usize>>,
     pub transform: Transform,
 }
 
@@ -150,8 +152,12 @@ impl<W: Write> Substitute<'_, W> {
             .sources
             .get(&placeholder.path)
             .ok_or_else(|| anyhow!("no source planned for {}", placeholder.path))?;
-        let transpose = source.transform == Transform::Transpose;
-        (self.checkpoint).write_f32(&source.hf_name, transpose, &mut self.file)
+        let Source {
+            hf_name,
+            rows,
+            transform,
+        } = source;
+        (self.checkpoint).write_f32(hf_name, rows.clone(), *transform, &mut self.file)
     }
 }
 

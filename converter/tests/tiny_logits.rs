@@ -40,9 +40,9 @@ fn max_diff(ours: &[f32], reference: &[Vec<f32>]) -> f32 {
         .fold(0.0, f32::max)
 }
 
-/// The fixture's logits three ways through `generator`: the whole sequence at once (the
-/// prompt path, causal mask), token by token through the KV cache (the decode path), and a
-/// prompt then single tokens (a chunk boundary in the middle).
+/// The fixture's logits four ways through `generator`: the whole sequence at once (the
+/// prompt path, causal mask), token by token through the KV cache (the decode path), in
+/// chunks of mixed sizes, and token by token in a batch of sequences at other positions.
 fn assert_matches<B: KernelBackend>(generator: &Generator<B>, fixture: &Fixture, what: &str) {
     let n = fixture.ids.len();
     let mut cache = generator.new_cache(n).unwrap();
@@ -71,6 +71,43 @@ fn assert_matches<B: KernelBackend>(generator: &Generator<B>, fixture: &Fixture,
     }
     let diff = max_diff(&mixed, &fixture.logits);
     assert!(diff < 1e-4, "{what}: mixed logits differ by {diff}");
+
+    // Four sequences decoded together (`decode_each`: a batch through the fused layers),
+    // each at its own position: sequence s after a prompt of `starts[s]` tokens. The batch
+    // shrinks as they finish.
+    let starts = [0, 5, 20, 47];
+    let mut caches: Vec<_> = (starts.iter())
+        .map(|&start| {
+            let mut cache = generator.new_cache(n).unwrap();
+            if start > 0 {
+                (generator.forward_logits(&fixture.ids[..start], &mut cache, false)).unwrap();
+            }
+            cache
+        })
+        .collect();
+    let mut at = starts;
+    loop {
+        let running: Vec<usize> = (0..starts.len()).filter(|&s| at[s] < n).collect();
+        if running.is_empty() {
+            break;
+        }
+        let ids: Vec<u32> = running.iter().map(|&s| fixture.ids[at[s]]).collect();
+        let mut batch: Vec<_> = (caches.iter_mut().enumerate())
+            .filter(|(s, _)| running.contains(s))
+            .map(|(_, cache)| cache)
+            .collect();
+        let logits = generator.decode_each(&ids, &mut batch).unwrap();
+        let vocab = logits.len() / ids.len();
+        for (&s, row) in running.iter().zip(logits.chunks(vocab)) {
+            let diff = max_diff(row, &fixture.logits[at[s]..at[s] + 1]);
+            assert!(
+                diff < 1e-4,
+                "{what}: batched logits of sequence {s} at {} differ by {diff}",
+                at[s]
+            );
+            at[s] += 1;
+        }
+    }
 }
 
 fn data_dir(name: &str) -> std::path::PathBuf {
@@ -107,7 +144,7 @@ fn logits_match_transformers() {
 #[test]
 fn family_logits_match_transformers() {
     for variant in [
-        "llama3", "linear", "mistral", "qwen2", "yarn", "qwen3", "smollm3",
+        "llama3", "linear", "mistral", "qwen2", "yarn", "qwen3", "smollm3", "gemma3", "phi3",
     ] {
         let dir = data_dir(&format!("tiny-{variant}"));
         convert_and_check(&dir, &family_fixture(&dir));

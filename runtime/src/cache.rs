@@ -12,7 +12,7 @@ use burn::tensor::backend::Backend;
 pub use crate::backend::KvDtype;
 use crate::backend::{KernelBackend, KvBuffers};
 use crate::config::LlamaConfig;
-use crate::rope::{Rope, RopeRows};
+use crate::rope::{Rope, Rotations};
 
 /// Why tokens cannot be run against a cache.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -46,7 +46,7 @@ pub struct LayerCache<B: Backend> {
     len: usize,
     /// The most positions the buffers may grow to: the cache's capacity.
     limit: usize,
-    /// The model's sliding window: how many of the latest positions a token sees.
+    /// The layer's sliding window: how many of the latest positions a token sees.
     window: Option<usize>,
     dtype: KvDtype,
 }
@@ -94,7 +94,7 @@ impl<B: KernelBackend> KvCache<B> {
     ) -> Result<(), CacheError> {
         // The rotary tables: cos and sin, f32.
         let bytes = (bytes_for(config, 1, dtype).saturating_mul(batch as u64))
-            .saturating_add(2 * 4 * config.head_dim as u64)
+            .saturating_add(Rope::<B>::tables(config) * 2 * 4 * config.head_dim as u64)
             .saturating_mul(capacity as u64);
         match available_memory().filter(|&a| bytes > a) {
             Some(available) => Err(CacheError::TooLarge {
@@ -123,12 +123,12 @@ impl<B: KernelBackend> KvCache<B> {
             config.n_kv_heads * config.head_dim,
         ];
         let layers = (0..config.num_layers)
-            .map(|_| LayerCache {
+            .map(|layer| LayerCache {
                 keys: B::kv_buffer(shape, dtype, device),
                 values: B::kv_buffer(shape, dtype, device),
                 len: 0,
                 limit: capacity,
-                window: config.sliding_window,
+                window: config.window(layer),
                 dtype,
             })
             .collect();
@@ -212,7 +212,7 @@ impl<B: KernelBackend> KvCache<B> {
     }
 
     /// The rotary tables' rows for the next `seq` positions.
-    pub(crate) fn rope_rows(&self, seq: usize) -> RopeRows<B> {
+    pub(crate) fn rope_rows(&self, seq: usize) -> Rotations<B> {
         self.rope.rows(self.len, seq)
     }
 

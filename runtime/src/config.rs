@@ -29,8 +29,9 @@ pub enum ConfigError {
         error: serde_json::Error,
     },
     #[error(
-        "unsupported architecture {0}: supported are LlamaForCausalLM, MistralForCausalLM and \
-         Qwen2ForCausalLM (model_type \"llama\", \"mistral\", \"qwen2\")"
+        "unsupported architecture {0}: supported are LlamaForCausalLM, MistralForCausalLM, \
+         Qwen2ForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM, Gemma3ForCausalLM and \
+         Phi3ForCausalLM"
     )]
     Architecture(String),
     #[error("invalid config: {0}")]
@@ -70,15 +71,26 @@ pub enum Family {
     /// `SmolLM3ForCausalLM`: no RoPE in the layers `no_rope_layers` marks 0 (every fourth
     /// by default, `no_rope_layer_interval`).
     SmolLM3,
+    /// `Gemma3ForCausalLM` (the text models, `gemma3_text`): sliding-window layers
+    /// interleaved with global ones, each kind with its own RoPE base; q/k norms; norms
+    /// around both attention and MLP (sandwich); embeddings scaled by `sqrt(hidden)`;
+    /// GELU-tanh; norm weights stored as offsets from 1; attention scaled by
+    /// `query_pre_attn_scalar`.
+    Gemma3,
+    /// `Phi3ForCausalLM`: q, k and v in one fused projection, gate and up in another (the
+    /// converter splits them); `sliding_window` over every layer when given.
+    Phi3,
 }
 
 /// (`architectures` entry, `model_type`, family).
-const FAMILIES: [(&str, &str, Family); 5] = [
+const FAMILIES: [(&str, &str, Family); 7] = [
     ("LlamaForCausalLM", "llama", Family::Llama),
     ("MistralForCausalLM", "mistral", Family::Mistral),
     ("Qwen2ForCausalLM", "qwen2", Family::Qwen2),
     ("Qwen3ForCausalLM", "qwen3", Family::Qwen3),
     ("SmolLM3ForCausalLM", "smollm3", Family::SmolLM3),
+    ("Gemma3ForCausalLM", "gemma3_text", Family::Gemma3),
+    ("Phi3ForCausalLM", "phi3", Family::Phi3),
 ];
 
 impl Family {
@@ -122,12 +134,15 @@ pub struct HfConfig {
     pub rope_theta: Option<f64>,
     /// RoPE scaling as the hub's files write it (transformers < 5).
     pub rope_scaling: Option<RopeParameters>,
-    /// transformers ≥ 5 writes RoPE's theta and scaling here instead.
-    pub rope_parameters: Option<RopeParameters>,
+    /// transformers ≥ 5 writes RoPE's theta and scaling here instead (Gemma 3: one set per
+    /// layer type).
+    pub rope_parameters: Option<RopeField>,
     pub partial_rotary_factor: Option<f64>,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: Option<bool>,
     pub hidden_act: Option<String>,
+    /// Gemma's name for `hidden_act`.
+    pub hidden_activation: Option<String>,
     pub attention_bias: Option<bool>,
     pub mlp_bias: Option<bool>,
     /// Mistral's and Qwen2's window: absent (`None`) and `null` (`Some(None)`) differ.
@@ -142,6 +157,17 @@ pub struct HfConfig {
     /// `no_rope_layer_interval`-th layer has none.
     pub no_rope_layers: Option<Vec<u8>>,
     pub no_rope_layer_interval: Option<usize>,
+    /// Gemma 3: scores scaled by `query_pre_attn_scalar^-0.5` instead of `head_dim`'s.
+    pub query_pre_attn_scalar: Option<f64>,
+    /// Gemma 3 as the hub writes it: the sliding-window layers' RoPE base, and one layer in
+    /// `sliding_window_pattern` global (the last of each run) when `layer_types` is absent.
+    pub rope_local_base_freq: Option<f64>,
+    pub sliding_window_pattern: Option<usize>,
+    /// Gemma 2's soft caps (`null` in Gemma 3's configs) and EmbeddingGemma's
+    /// bidirectional attention: refused.
+    pub attn_logit_softcapping: Option<f64>,
+    pub final_logit_softcapping: Option<f64>,
+    pub use_bidirectional_attention: Option<bool>,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<TokenIds>,
 }
@@ -201,6 +227,26 @@ pub struct RopeParameters {
     pub mscale: Option<f64>,
     pub mscale_all_dim: Option<f64>,
     pub truncate: Option<bool>,
+    pub partial_rotary_factor: Option<f64>,
+}
+
+/// `rope_parameters`: one set for every layer, or (Gemma 3) one per layer type
+/// (`full_attention`, `sliding_attention`).
+#[derive(Debug, Clone, Deserialize, Serialize)]
+#[serde(untagged)]
+pub enum RopeField {
+    ByLayerType(std::collections::BTreeMap<String, RopeParameters>),
+    Flat(RopeParameters),
+}
+
+impl RopeField {
+    /// The parameters of layers of `kind`: the flat set, or that type's.
+    fn of(&self, kind: &str) -> Option<&RopeParameters> {
+        match self {
+            Self::Flat(parameters) => Some(parameters),
+            Self::ByLayerType(types) => types.get(kind),
+        }
+    }
 }
 
 /// How RoPE's frequencies are changed to stretch a model's context, as transformers'
@@ -344,16 +390,75 @@ pub struct LlamaConfig {
     /// A token attends to itself and the `sliding_window - 1` positions before it; `None`:
     /// to every earlier position.
     pub sliding_window: Option<usize>,
+    /// Layers the window does not apply to, which attend to every earlier position (Gemma
+    /// 3's global layers), in order.
+    pub full_attention_layers: Vec<usize>,
+    /// The RoPE base of the sliding-window layers, which turn by plain RoPE (unscaled), when
+    /// it differs from the other layers' `rope_theta` and `rope_scaling` (Gemma 3).
+    pub sliding_rope_theta: Option<f64>,
     pub biases: Biases,
     /// Each head's query and key RMS-normalized (over `head_dim`, with their own weights)
-    /// before RoPE, as Qwen3 does.
+    /// before RoPE, as Qwen3 and Gemma 3 do.
     pub qk_norm: bool,
     /// The layers that apply no RoPE (SmolLM3's NoPE layers), in order.
     pub layers_without_rope: Vec<usize>,
+    /// The MLP's gate activation.
+    pub activation: Activation,
+    /// Attention's score scale when it is not `1/sqrt(head_dim)` (Gemma 3's
+    /// `query_pre_attn_scalar^-0.5`).
+    pub score_scale: Option<f32>,
+    /// Norms around both sublayers (Gemma's sandwich): the attention's and the MLP's outputs
+    /// are normalized too before their residual adds (`post_attention_layernorm`,
+    /// `post_feedforward_layernorm`), and the MLP's input by `pre_feedforward_layernorm`.
+    pub sandwich_norms: bool,
+    /// What the embedding's rows are multiplied by (Gemma: `sqrt(hidden)`, as an f32); the
+    /// tied lm_head uses the rows unscaled.
+    pub embedding_scale: Option<f32>,
+    /// The checkpoint's norm weights are offsets from 1 (Gemma's norms multiply by `1 + w`).
+    /// The converter writes `1 + w` (in f32, as transformers computes it) into the record,
+    /// as llama.cpp's GGUF files hold them: a record's norm weights are always what the norm
+    /// multiplies by, so nothing after the converter reads this.
+    pub unit_offset_norms: bool,
     pub max_position_embeddings: usize,
     pub tie_word_embeddings: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+}
+
+/// The MLP's gate activation: `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(x)` (`silu`).
+    #[default]
+    Silu,
+    /// GELU's tanh approximation, `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`
+    /// (`gelu_pytorch_tanh`).
+    GeluTanh,
+}
+
+impl Activation {
+    /// The activation transformers' `ACT2FN` names `name`.
+    fn named(name: &str) -> Result<Self, ConfigError> {
+        match name {
+            "silu" | "swish" => Ok(Self::Silu),
+            "gelu_pytorch_tanh" => Ok(Self::GeluTanh),
+            other => Err(ConfigError::Invalid(format!(
+                "hidden_act {other:?} is not supported (supported: \"silu\", \
+                 \"gelu_pytorch_tanh\")"
+            ))),
+        }
+    }
+}
+
+/// Which rotary table turns a layer's queries and keys.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Rotation {
+    /// None (SmolLM3's NoPE layers).
+    None,
+    /// The model's: `rope_theta`, `rope_scaling`.
+    Global,
+    /// The sliding-window layers' own ([`LlamaConfig::sliding_rope_theta`]).
+    Sliding,
 }
 
 /// SmolLM3's NoPE layers, as transformers' `SmolLM3Config` reads them: `no_rope_layers`
@@ -417,9 +522,16 @@ impl LlamaConfig {
             rope_theta: 10_000.0,
             rope_scaling: RopeScaling::None,
             sliding_window: None,
+            full_attention_layers: Vec::new(),
+            sliding_rope_theta: None,
             biases: Biases::default(),
             qk_norm: false,
             layers_without_rope: Vec::new(),
+            activation: Activation::Silu,
+            score_scale: None,
+            sandwich_norms: false,
+            embedding_scale: None,
+            unit_offset_norms: false,
             max_position_embeddings,
             tie_word_embeddings: false,
             bos_token_id: None,
@@ -437,6 +549,24 @@ impl LlamaConfig {
             )));
         }
         Ok(())
+    }
+
+    /// How many of the latest positions a token of `layer` attends to (itself included), if
+    /// not all.
+    pub fn window(&self, layer: usize) -> Option<usize> {
+        self.sliding_window
+            .filter(|_| !self.full_attention_layers.contains(&layer))
+    }
+
+    /// The rotary table of `layer`.
+    pub fn rotation(&self, layer: usize) -> Rotation {
+        if self.layers_without_rope.contains(&layer) {
+            Rotation::None
+        } else if self.sliding_rope_theta.is_some() && self.window(layer).is_some() {
+            Rotation::Sliding
+        } else {
+            Rotation::Global
+        }
     }
 
     /// Reads and resolves `config.json`.
@@ -481,16 +611,51 @@ impl LlamaConfig {
                 hf.num_attention_heads
             ));
         }
-        let head_dim = hf
-            .head_dim
+        let gemma = family == Family::Gemma3;
+        // Gemma3TextConfig's defaults differ from Llama's: head_dim 256 whatever the hidden
+        // size, tied embeddings.
+        let head_dim = (hf.head_dim)
+            .or(gemma.then_some(256))
             .unwrap_or(hf.hidden_size / hf.num_attention_heads);
         if head_dim == 0 || !head_dim.is_multiple_of(2) || head_dim > MAX_DIM {
             return invalid(format!("head_dim {head_dim} must be even and non-zero"));
         }
-        if let Some(act) = hf.hidden_act.as_deref().filter(|a| *a != "silu") {
-            return invalid(format!(
-                "hidden_act {act:?} is not supported (only \"silu\")"
-            ));
+        let activation = match [&hf.hidden_act, &hf.hidden_activation] {
+            [Some(a), Some(b)] if a != b => {
+                return invalid(format!(
+                    "hidden_act {a:?} and hidden_activation {b:?} disagree"
+                ));
+            }
+            [Some(name), _] | [None, Some(name)] => Activation::named(name)?,
+            [None, None] if gemma => Activation::GeluTanh,
+            [None, None] => Activation::Silu,
+        };
+        for (name, value) in [
+            ("attn_logit_softcapping", hf.attn_logit_softcapping),
+            ("final_logit_softcapping", hf.final_logit_softcapping),
+        ] {
+            if let Some(cap) = value {
+                return invalid(format!("{name} {cap} is not supported (only null)"));
+            }
+        }
+        if hf.use_bidirectional_attention == Some(true) {
+            return invalid("use_bidirectional_attention: true is not supported".into());
+        }
+        let rope_parameters = |kind: &str| match &hf.rope_parameters {
+            Some(RopeField::ByLayerType(_)) if !gemma => Err(ConfigError::Invalid(format!(
+                "rope_parameters by layer type is not supported for {}",
+                family.architecture()
+            ))),
+            Some(field) => Ok(field.of(kind).cloned()),
+            None => Ok(None),
+        };
+        let full_rope = rope_parameters("full_attention")?;
+        for parameters in [&full_rope, &hf.rope_scaling].into_iter().flatten() {
+            if let Some(factor) = parameters.partial_rotary_factor.filter(|f| *f != 1.0) {
+                return invalid(format!(
+                    "partial_rotary_factor {factor} is not supported (only 1.0)"
+                ));
+            }
         }
         if let Some(factor) = hf.partial_rotary_factor.filter(|f| *f != 1.0) {
             return invalid(format!(
@@ -499,7 +664,7 @@ impl LlamaConfig {
         }
         // transformers ≥ 5 reads `rope_parameters`, older files `rope_scaling`; a file with
         // both (hand-edited) must not say two different things.
-        let scaling = [&hf.rope_parameters, &hf.rope_scaling]
+        let scaling = [&full_rope, &hf.rope_scaling]
             .map(|r| r.as_ref().and_then(|r| r.rope_type.as_deref()))
             .map(|kind| kind.filter(|k| *k != "default"));
         if let [Some(a), Some(b)] = scaling
@@ -510,21 +675,26 @@ impl LlamaConfig {
             ));
         }
         let rope = match scaling {
-            [Some(_), _] | [None, None] => hf.rope_parameters.clone(),
+            [Some(_), _] | [None, None] => full_rope.clone(),
             [None, Some(_)] => hf.rope_scaling.clone(),
         }
         .unwrap_or_default();
         let rope_scaling = RopeScaling::from_parameters(&rope, hf.max_position_embeddings)?;
         let rms_norm_eps = hf.rms_norm_eps.unwrap_or(1e-6);
         let rope_theta = (hf.rope_theta)
-            .or_else(|| hf.rope_parameters.as_ref().and_then(|r| r.rope_theta))
-            .unwrap_or(10_000.0);
+            .or_else(|| full_rope.as_ref().and_then(|r| r.rope_theta))
+            .unwrap_or(if gemma { 1_000_000.0 } else { 10_000.0 });
         if !(rms_norm_eps.is_finite() && rms_norm_eps > 0.0) {
             return invalid(format!("rms_norm_eps {rms_norm_eps} must be positive"));
         }
-        if !(rope_theta.is_finite() && rope_theta > 1.0) {
-            return invalid(format!("rope_theta {rope_theta} must be greater than 1"));
-        }
+        let check_theta = |theta: f64, name: &str| match theta.is_finite() && theta > 1.0 {
+            true => Ok(theta),
+            false => Err(ConfigError::Invalid(format!(
+                "{name} {theta} must be greater than 1"
+            ))),
+        };
+        let rope_theta = check_theta(rope_theta, "rope_theta")?;
+        let mut full_attention_layers = Vec::new();
         let (sliding_window, biases) = match family {
             Family::Llama | Family::SmolLM3 => (
                 None,
@@ -535,6 +705,28 @@ impl LlamaConfig {
                 },
             ),
             Family::Mistral => (hf.sliding_window.unwrap_or(Some(4096)), Biases::default()),
+            Family::Phi3 => (hf.sliding_window.flatten(), Biases::default()),
+            Family::Gemma3 => {
+                full_attention_layers = gemma_full_attention_layers(hf)?;
+                let window = match hf.sliding_window {
+                    None => 4096,
+                    Some(Some(window)) => window,
+                    Some(None) => {
+                        return invalid(
+                            "sliding_window null is not supported for Gemma3ForCausalLM (its \
+                             sliding_attention layers need one)"
+                                .into(),
+                        );
+                    }
+                };
+                let bias = hf.attention_bias == Some(true);
+                let biases = Biases {
+                    qkv: bias,
+                    o: bias,
+                    mlp: false,
+                };
+                (Some(window), biases)
+            }
             Family::Qwen2 | Family::Qwen3 => {
                 if hf.use_sliding_window == Some(true) {
                     return invalid(format!(
@@ -557,18 +749,47 @@ impl LlamaConfig {
                 (None, biases)
             }
         };
-        if let Some(kind) = (hf.layer_types.iter().flatten()).find(|t| *t != "full_attention") {
+        if !gemma
+            && let Some(kind) = (hf.layer_types.iter().flatten()).find(|t| *t != "full_attention")
+        {
             return invalid(format!(
-                "layer_types {kind:?} is not supported (only \"full_attention\")"
+                "layer_types {kind:?} is not supported for {} (only \"full_attention\")",
+                family.architecture()
             ));
         }
         if sliding_window == Some(0) {
             return invalid("sliding_window 0 leaves nothing to attend to".into());
         }
+        let sliding_rope_theta = match gemma {
+            true => {
+                let parameters = rope_parameters("sliding_attention")?.unwrap_or_default();
+                if let Some(kind) = (parameters.rope_type.as_deref()).filter(|k| *k != "default") {
+                    return invalid(format!(
+                        "rope_type {kind:?} for sliding_attention layers is not supported \
+                         (only \"default\")"
+                    ));
+                }
+                let theta = (parameters.rope_theta)
+                    .or(hf.rope_local_base_freq)
+                    .unwrap_or(10_000.0);
+                Some(check_theta(theta, "rope_local_base_freq")?)
+            }
+            false => None,
+        };
+        let score_scale = match hf.query_pre_attn_scalar.or(gemma.then_some(256.0)) {
+            Some(scalar) if scalar.is_finite() && scalar > 0.0 => {
+                Some(scalar.powf(-0.5) as f32).filter(|_| gemma)
+            }
+            Some(scalar) => {
+                return invalid(format!("query_pre_attn_scalar {scalar} must be positive"));
+            }
+            None => None,
+        };
         let layers_without_rope = match family {
             Family::SmolLM3 => layers_without_rope(hf)?,
             _ => Vec::new(),
         };
+        let tied_by_default = matches!(family, Family::Gemma3 | Family::SmolLM3);
         Ok(Self {
             hidden_size: hf.hidden_size,
             intermediate_size: hf.intermediate_size,
@@ -581,11 +802,18 @@ impl LlamaConfig {
             rope_theta,
             rope_scaling,
             sliding_window,
+            full_attention_layers,
+            sliding_rope_theta,
             biases,
-            qk_norm: family == Family::Qwen3,
+            qk_norm: matches!(family, Family::Qwen3 | Family::Gemma3),
             layers_without_rope,
+            activation,
+            score_scale,
+            sandwich_norms: gemma,
+            embedding_scale: gemma.then(|| (hf.hidden_size as f64).sqrt() as f32),
+            unit_offset_norms: gemma,
             max_position_embeddings: hf.max_position_embeddings,
-            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(false),
+            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(tied_by_default),
             bos_token_id: hf.bos_token_id,
             eos_token_ids: hf
                 .eos_token_id
@@ -593,6 +821,40 @@ impl LlamaConfig {
                 .map(TokenIds::to_vec)
                 .unwrap_or_default(),
         })
+    }
+}
+
+/// Gemma 3's global layers: `layer_types`' `full_attention` entries (the others must be
+/// `sliding_attention`), else the last of every `sliding_window_pattern` (6) layers, as
+/// transformers' `Gemma3TextConfig` reads them.
+fn gemma_full_attention_layers(hf: &HfConfig) -> Result<Vec<usize>, ConfigError> {
+    let invalid = |msg: String| Err(ConfigError::Invalid(msg));
+    match (&hf.layer_types, hf.sliding_window_pattern.unwrap_or(6)) {
+        (Some(types), _) if types.len() != hf.num_hidden_layers => invalid(format!(
+            "layer_types has {} entries for {} layers",
+            types.len(),
+            hf.num_hidden_layers
+        )),
+        (Some(types), _) => {
+            let mut full = Vec::new();
+            for (layer, kind) in types.iter().enumerate() {
+                match kind.as_str() {
+                    "full_attention" => full.push(layer),
+                    "sliding_attention" => {}
+                    other => {
+                        return invalid(format!(
+                            "layer_types {other:?} is not supported (only \"full_attention\" \
+                             and \"sliding_attention\")"
+                        ));
+                    }
+                }
+            }
+            Ok(full)
+        }
+        (None, 0) => invalid("sliding_window_pattern 0 is not a layer interval".into()),
+        (None, pattern) => Ok((0..hf.num_hidden_layers)
+            .filter(|layer| (layer + 1) % pattern == 0)
+            .collect()),
     }
 }
 

@@ -13,8 +13,8 @@ use rayon::prelude::*;
 
 use crate::backend::{Heads, KernelBackend, LayerShape, LayerTensors, Matmul, Projection};
 use crate::cache::{CacheError, KvCache, LayerCache};
-use crate::config::LlamaConfig;
-use crate::rope::RopeRows;
+use crate::config::{Activation, LlamaConfig, Rotation};
+use crate::rope::{RopeRows, Rotations};
 
 /// Decoder-only Llama: token embedding, `num_layers` blocks, final norm, lm_head.
 #[derive(Module, Debug)]
@@ -26,9 +26,16 @@ pub struct Llama<B: Backend> {
     pub norm: RmsNorm<B>,
     /// `weight: [hidden, vocab]`; a copy of `embed_tokens` for tied checkpoints.
     pub lm_head: Linear<B>,
+    /// What the embedding's rows are multiplied by, if anything (Gemma); from the config.
+    #[module(skip)]
+    pub embedding_scale: Option<f32>,
 }
 
-/// One transformer block: pre-norm attention and pre-norm SwiGLU MLP, each with a residual.
+/// One transformer block: pre-norm attention and pre-norm gated MLP, each with a residual.
+///
+/// With sandwich norms (Gemma), `post_attention_layernorm` normalizes the attention's output
+/// and `pre_feedforward_layernorm` the MLP's input, and `post_feedforward_layernorm` the
+/// MLP's output; without them (Llama), `post_attention_layernorm` is the MLP's pre-norm.
 #[derive(Module, Debug)]
 pub struct DecoderLayer<B: Backend> {
     /// `gamma: [hidden]`
@@ -36,6 +43,9 @@ pub struct DecoderLayer<B: Backend> {
     pub self_attn: Attention<B>,
     /// `gamma: [hidden]`
     pub post_attention_layernorm: RmsNorm<B>,
+    /// `gamma: [hidden]`, both or neither.
+    pub pre_feedforward_layernorm: Option<RmsNorm<B>>,
+    pub post_feedforward_layernorm: Option<RmsNorm<B>>,
     pub mlp: Mlp<B>,
 }
 
@@ -54,16 +64,18 @@ pub struct Attention<B: Backend> {
     /// key head.
     pub q_norm: Option<RmsNorm<B>>,
     pub k_norm: Option<RmsNorm<B>>,
-    /// Whether queries and keys are rotated (SmolLM3's NoPE layers are not); from the
-    /// config, not the record.
+    /// Which rotary table turns queries and keys (none in SmolLM3's NoPE layers); from the
+    /// config, not the record, as the score scale is.
     #[module(skip)]
-    pub rope: bool,
+    pub rotation: Rotation,
+    #[module(skip)]
+    pub score_scale: f32,
     pub n_heads: usize,
     pub n_kv_heads: usize,
     pub head_dim: usize,
 }
 
-/// SwiGLU: `down(silu(gate(x)) * up(x))`.
+/// Gated MLP: `down(act(gate(x)) * up(x))`, SwiGLU with SiLU.
 #[derive(Module, Debug)]
 pub struct Mlp<B: Backend> {
     /// `[hidden, intermediate]`
@@ -72,6 +84,9 @@ pub struct Mlp<B: Backend> {
     pub up_proj: Linear<B>,
     /// `[intermediate, hidden]`
     pub down_proj: Linear<B>,
+    /// From the config, not the record.
+    #[module(skip)]
+    pub activation: Activation,
 }
 
 impl LlamaConfig {
@@ -96,6 +111,12 @@ impl LlamaConfig {
             self.n_heads * self.head_dim,
             self.n_kv_heads * self.head_dim,
         );
+        let heads = Heads {
+            n_heads: self.n_heads,
+            n_kv_heads: self.n_kv_heads,
+            head_dim: self.head_dim,
+        };
+        let score_scale = self.score_scale.unwrap_or(heads.score_scale());
         let layers = (0..self.num_layers)
             .map(|layer| DecoderLayer {
                 input_layernorm: norm(),
@@ -106,16 +127,20 @@ impl LlamaConfig {
                     o_proj: linear(q_dim, hidden, biases.o),
                     q_norm: self.qk_norm.then(head_norm),
                     k_norm: self.qk_norm.then(head_norm),
-                    rope: !self.layers_without_rope.contains(&layer),
+                    rotation: self.rotation(layer),
+                    score_scale,
                     n_heads: self.n_heads,
                     n_kv_heads: self.n_kv_heads,
                     head_dim: self.head_dim,
                 },
                 post_attention_layernorm: norm(),
+                pre_feedforward_layernorm: self.sandwich_norms.then(norm),
+                post_feedforward_layernorm: self.sandwich_norms.then(norm),
                 mlp: Mlp {
                     gate_proj: linear(hidden, self.intermediate_size, biases.mlp),
                     up_proj: linear(hidden, self.intermediate_size, biases.mlp),
                     down_proj: linear(self.intermediate_size, hidden, biases.mlp),
+                    activation: self.activation,
                 },
             })
             .collect();
@@ -124,6 +149,7 @@ impl LlamaConfig {
             layers,
             norm: norm(),
             lm_head: linear(hidden, self.vocab_size, false),
+            embedding_scale: self.embedding_scale,
         }
     }
 }
@@ -151,7 +177,8 @@ impl LlamaConfig {
             + bias(biases.qkv, q + 2 * kv)
             + bias(biases.o, hidden)
             + bias(biases.mlp, 2 * intermediate + hidden)
-            + bias(self.qk_norm, 2 * self.head_dim as u128);
+            + bias(self.qk_norm, 2 * self.head_dim as u128)
+            + bias(self.sandwich_norms, 2 * hidden);
         2 * vocab * hidden + layers * layer + hidden
     }
 }
@@ -174,11 +201,11 @@ impl<B: KernelBackend> Llama<B> {
     ) -> Result<Tensor<B, 3>, CacheError> {
         let [batch, seq] = tokens.dims();
         cache.check_room(batch, seq)?;
-        let rope = cache.rope_rows(seq);
-        // [batch, seq, hidden]; rows of a bf16 embedding widen exactly.
-        let mut x = B::embed(self.embed_tokens.weight.val(), tokens).cast(FloatDType::F32);
+        let rotations = cache.rope_rows(seq);
+        let mut x = self.embed(tokens);
         for (layer, cache) in self.layers.iter().zip(cache.layers_mut()) {
-            x = layer.forward(x, cache, &rope, matmul)?;
+            let rope = rotations.of(layer.self_attn.rotation);
+            x = layer.forward(x, cache, rope, matmul)?;
         }
         cache.advance(seq);
         Ok(rms_norm(&self.norm, x))
@@ -221,12 +248,16 @@ impl<B: KernelBackend> Llama<B> {
             cache.check_room(1, 1)?;
         }
         B::decode_token(|| {
-            let ropes: Vec<RopeRows<B>> = caches.iter().map(|cache| cache.rope_rows(1)).collect();
-            let mut x = B::embed(self.embed_tokens.weight.val(), tokens).cast(FloatDType::F32);
+            let rotations: Vec<Rotations<B>> =
+                caches.iter().map(|cache| cache.rope_rows(1)).collect();
+            let mut x = self.embed(tokens);
             let mut layers: Vec<_> = caches.iter_mut().map(|c| c.layers_mut()).collect();
             for layer in &self.layers {
                 let mut caches: Vec<&mut LayerCache<B>> = (layers.iter_mut())
                     .map(|layers| layers.next().expect("a cache per layer"))
+                    .collect();
+                let ropes: Vec<RopeRows<B>> = (rotations.iter())
+                    .map(|r| r.of(layer.self_attn.rotation).clone())
                     .collect();
                 x = layer.decode_each(x, &mut caches, &ropes, matmul)?;
             }
@@ -234,6 +265,16 @@ impl<B: KernelBackend> Llama<B> {
             caches.iter_mut().for_each(|cache| cache.advance(1));
             Ok(self.logits(rms_norm(&self.norm, x), matmul))
         })
+    }
+
+    /// The embedding's rows for `tokens: [batch, seq]`, f32 (rows of a bf16 embedding widen
+    /// exactly), scaled if the model scales them: `[batch, seq, hidden]`.
+    fn embed(&self, tokens: Tensor<B, 2, Int>) -> Tensor<B, 3> {
+        let x = B::embed(self.embed_tokens.weight.val(), tokens).cast(FloatDType::F32);
+        match self.embedding_scale {
+            Some(scale) => x.mul_scalar(scale),
+            None => x,
+        }
     }
 
     /// `[batch, seq, hidden]` → `[batch, seq, vocab]`
@@ -352,9 +393,19 @@ impl<B: KernelBackend> DecoderLayer<B> {
         matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
         let normed = rms_norm(&self.input_layernorm, x.clone());
-        let h = x + self.self_attn.forward(normed, cache, rope, matmul)?;
-        let normed = rms_norm(&self.post_attention_layernorm, h.clone());
-        Ok(h + self.mlp.forward(normed, matmul))
+        let attended = self.self_attn.forward(normed, cache, rope, matmul)?;
+        let (h, mlp_norm) = match &self.pre_feedforward_layernorm {
+            Some(pre_feedforward) => (
+                x + rms_norm(&self.post_attention_layernorm, attended),
+                pre_feedforward,
+            ),
+            None => (x + attended, &self.post_attention_layernorm),
+        };
+        let out = self.mlp.forward(rms_norm(mlp_norm, h.clone()), matmul);
+        Ok(h + match &self.post_feedforward_layernorm {
+            Some(norm) => rms_norm(norm, out),
+            None => out,
+        })
     }
 
     /// The layer's tensors as the backend's fused layer takes them.
@@ -373,6 +424,10 @@ impl<B: KernelBackend> DecoderLayer<B> {
             q_norm: attention.q_norm.as_ref().map(|norm| norm.gamma.val()),
             k_norm: attention.k_norm.as_ref().map(|norm| norm.gamma.val()),
             post_attention_layernorm: self.post_attention_layernorm.gamma.val(),
+            pre_feedforward_layernorm: (self.pre_feedforward_layernorm.as_ref())
+                .map(|norm| norm.gamma.val()),
+            post_feedforward_layernorm: (self.post_feedforward_layernorm.as_ref())
+                .map(|norm| norm.gamma.val()),
             gate_proj: projection(&mlp.gate_proj),
             up_proj: projection(&mlp.up_proj),
             down_proj: projection(&mlp.down_proj),
@@ -383,7 +438,9 @@ impl<B: KernelBackend> DecoderLayer<B> {
     fn shape(&self, window: Option<usize>, matmul: Matmul) -> LayerShape {
         LayerShape {
             heads: self.self_attn.heads(),
-            rope: self.self_attn.rope,
+            rope: self.self_attn.rotation != Rotation::None,
+            score_scale: self.self_attn.score_scale,
+            activation: self.mlp.activation,
             epsilon: self.input_layernorm.epsilon as f32,
             window,
             matmul,
@@ -416,12 +473,12 @@ impl<B: KernelBackend> Attention<B> {
         let heads = self.heads();
         let [q, k, v] = linears(x, [&self.q_proj, &self.k_proj, &self.v_proj], matmul);
         let (q, k) = (head_norm(&self.q_norm, q), head_norm(&self.k_norm, k));
-        let (q, k) = match self.rope {
-            true => (
-                B::rotary(q, rope, heads.score_scale()),
+        let (q, k) = match self.rotation {
+            Rotation::None => (q.mul_scalar(self.score_scale), k),
+            _ => (
+                B::rotary(q, rope, self.score_scale),
                 B::rotary(k, rope, 1.0),
             ),
-            false => (q.mul_scalar(heads.score_scale()), k),
         };
         let (k, v) = cache.append(k, v)?; // [batch, start + seq, n_kv * hd]
         let attended = B::causal_attention(q, k, v, heads, cache.window());
@@ -432,7 +489,7 @@ impl<B: KernelBackend> Attention<B> {
 impl<B: KernelBackend> Mlp<B> {
     fn forward(&self, x: Tensor<B, 3>, matmul: Matmul) -> Tensor<B, 3> {
         let [gate, up] = linears(x, [&self.gate_proj, &self.up_proj], matmul);
-        project(&self.down_proj, B::silu_mul(gate, up), matmul)
+        project(&self.down_proj, B::glu(gate, up, self.activation), matmul)
     }
 }
 

@@ -7,29 +7,47 @@
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
-use crate::config::{LlamaConfig, RopeScaling};
+use crate::config::{LlamaConfig, RopeScaling, Rotation};
 
-/// `cos` and `sin` of every position's rotation angles.
+/// `cos` and `sin` of every position's rotation angles: the model's table, and the
+/// sliding-window layers' own if they have one (Gemma 3).
 #[derive(Debug, Clone)]
 pub struct Rope<B: Backend> {
-    /// `[positions, head_dim]`: `cos(pos * inv_freq)`, the half repeated.
-    cos: Tensor<B, 2>,
-    /// `[positions, head_dim]`: `sin(pos * inv_freq)`, the half repeated.
-    sin: Tensor<B, 2>,
+    global: RopeRows<B>,
+    sliding: Option<RopeRows<B>>,
 }
 
-/// The tables' rows for the positions of one forward call, `[seq, head_dim]` each.
+/// A table's rows, `[positions, head_dim]` each: `cos(pos * inv_freq)` and
+/// `sin(pos * inv_freq)`, the half repeated.
 #[derive(Debug, Clone)]
 pub struct RopeRows<B: Backend> {
     pub cos: Tensor<B, 2>,
     pub sin: Tensor<B, 2>,
 }
 
-impl<B: Backend> Rope<B> {
-    /// Tables for positions `0..positions` (a KV cache builds them for its capacity).
-    pub fn new(config: &LlamaConfig, positions: usize, device: &B::Device) -> Self {
-        let dim = config.head_dim;
-        let (inv_freq, scale) = frequencies(config);
+/// Every table's rows for the positions of one forward call.
+#[derive(Debug, Clone)]
+pub struct Rotations<B: Backend> {
+    global: RopeRows<B>,
+    sliding: Option<RopeRows<B>>,
+}
+
+impl<B: Backend> Rotations<B> {
+    /// The rows a layer of `rotation` turns by (a layer without RoPE gets the model's, which
+    /// it does not apply).
+    pub fn of(&self, rotation: Rotation) -> &RopeRows<B> {
+        match (rotation, &self.sliding) {
+            (Rotation::Sliding, Some(sliding)) => sliding,
+            _ => &self.global,
+        }
+    }
+}
+
+impl<B: Backend> RopeRows<B> {
+    /// The table of `inv_freq` (each angle's cos and sin times `scale`) for positions
+    /// `0..positions`.
+    fn table(inv_freq: &[f32], scale: f32, positions: usize, device: &B::Device) -> Self {
+        let dim = 2 * inv_freq.len();
         let mut cos = Vec::with_capacity(positions * dim);
         let mut sin = Vec::with_capacity(positions * dim);
         for pos in 0..positions {
@@ -44,17 +62,46 @@ impl<B: Backend> Rope<B> {
         }
     }
 
+    /// Rows `start..start + seq`.
+    fn narrow(&self, start: usize, seq: usize) -> Self {
+        let rows = |t: &Tensor<B, 2>| t.clone().narrow(0, start, seq);
+        Self {
+            cos: rows(&self.cos),
+            sin: rows(&self.sin),
+        }
+    }
+}
+
+impl<B: Backend> Rope<B> {
+    /// Tables for positions `0..positions` (a KV cache builds them for its capacity).
+    pub fn new(config: &LlamaConfig, positions: usize, device: &B::Device) -> Self {
+        let (dim, scaling) = (config.head_dim, &config.rope_scaling);
+        let (inv_freq, scale) = frequencies(dim, config.rope_theta, scaling);
+        let sliding = config.sliding_rope_theta.map(|theta| {
+            let (inv_freq, scale) = frequencies(dim, theta, &RopeScaling::None);
+            RopeRows::table(&inv_freq, scale, positions, device)
+        });
+        Self {
+            global: RopeRows::table(&inv_freq, scale, positions, device),
+            sliding,
+        }
+    }
+
     /// How many positions the tables cover.
     pub fn positions(&self) -> usize {
-        self.cos.dims()[0]
+        self.global.cos.dims()[0]
+    }
+
+    /// How many tables there are (bytes: `2 * 4 * head_dim` a position each).
+    pub fn tables(config: &LlamaConfig) -> u64 {
+        1 + u64::from(config.sliding_rope_theta.is_some())
     }
 
     /// The rows for positions `start..start + seq`.
-    pub fn rows(&self, start: usize, seq: usize) -> RopeRows<B> {
-        let rows = |t: &Tensor<B, 2>| t.clone().narrow(0, start, seq);
-        RopeRows {
-            cos: rows(&self.cos),
-            sin: rows(&self.sin),
+    pub fn rows(&self, start: usize, seq: usize) -> Rotations<B> {
+        Rotations {
+            global: self.global.narrow(start, seq),
+            sliding: self.sliding.as_ref().map(|t| t.narrow(start, seq)),
         }
     }
 }
@@ -62,15 +109,14 @@ impl<B: Backend> Rope<B> {
 /// RoPE's inverse frequencies, `[head_dim / 2]`, and the factor on cos and sin (1 but for
 /// YaRN), as transformers' `modeling_rope_utils` computes them: in f32, in the same order,
 /// so angles round the same way.
-fn frequencies(config: &LlamaConfig) -> (Vec<f32>, f32) {
-    let dim = config.head_dim;
-    let theta = config.rope_theta as f32;
+fn frequencies(dim: usize, rope_theta: f64, scaling: &RopeScaling) -> (Vec<f32>, f32) {
+    let theta = rope_theta as f32;
     // `base ** (arange(0, dim, 2) / dim)`
     let powers: Vec<f32> = (0..dim / 2)
         .map(|i| theta.powf((2 * i) as f32 / dim as f32))
         .collect();
     let plain = powers.iter().map(|p| 1.0 / p);
-    match config.rope_scaling {
+    match *scaling {
         RopeScaling::None => (plain.collect(), 1.0),
         RopeScaling::Linear { factor } => (plain.map(|f| f / factor as f32).collect(), 1.0),
         RopeScaling::Llama3 {
@@ -109,7 +155,7 @@ fn frequencies(config: &LlamaConfig) -> (Vec<f32>, f32) {
         } => {
             // The dimension (of `dim`) where a frequency turns `rotations` times over the
             // original context: `find_correction_dim`, in f64 as Python computes it.
-            let (base, dims) = (config.rope_theta, dim as f64);
+            let (base, dims) = (rope_theta, dim as f64);
             let correction = |rotations: f64| {
                 dims * (context / (rotations * 2.0 * std::f64::consts::PI)).ln() / (2.0 * base.ln())
             };

@@ -18,6 +18,7 @@ use super::{
     Heads, KernelBackend, KvBuffers, KvDtype, LayerShape, LayerTensors, Matmul, reference, take,
 };
 use crate::FlexBackend;
+use crate::config::Activation;
 use crate::kernels::attention::{CausalAttention, Matrix};
 use crate::kernels::layer::{self, KvSlot};
 use crate::kernels::matvec::{self, Rows};
@@ -229,12 +230,12 @@ impl KernelBackend for FlexBackend {
         from_values(out, [batch, seq, width])
     }
 
-    fn silu_mul(gate: Tensor<Self, 3>, up: Tensor<Self, 3>) -> Tensor<Self, 3> {
-        assert_eq!(
-            gate.dims(),
-            up.dims(),
-            "silu_mul: gate and up shapes differ"
-        );
+    fn glu(gate: Tensor<Self, 3>, up: Tensor<Self, 3>, activation: Activation) -> Tensor<Self, 3> {
+        assert_eq!(gate.dims(), up.dims(), "glu: gate and up shapes differ");
+        let kernel = match activation {
+            Activation::Silu => simd::silu_mul,
+            Activation::GeluTanh => simd::gelu_tanh_mul,
+        };
         let up = flex(up).to_contiguous();
         let up: &[f32] = up.storage();
         // In place when the gate projection's output is not shared (it never is here).
@@ -242,11 +243,11 @@ impl KernelBackend for FlexBackend {
         let out: &mut [f32] = gate.storage_mut();
         const CHUNK: usize = 1 << 14;
         if out.len() <= CHUNK {
-            simd::silu_mul(out, up);
+            kernel(out, up);
         } else {
             out.par_chunks_mut(CHUNK)
                 .zip(up.par_chunks(CHUNK))
-                .for_each(|(g, u)| simd::silu_mul(g, u));
+                .for_each(|(g, u)| kernel(g, u));
         }
         from_flex(gate)
     }
@@ -658,19 +659,21 @@ mod tests {
     }
 
     #[test]
-    fn fused_silu_mul_matches_the_reference() {
-        at_every_thread_count(silu_mul_matches_the_reference);
+    fn fused_glu_matches_the_reference() {
+        at_every_thread_count(glu_matches_the_reference);
     }
 
-    fn silu_mul_matches_the_reference() {
-        for len in [10, 1 << 15] {
-            let seed = len as u64;
-            let (gate, up) = (
-                normal([1, 2, len], seed) * 4.0,
-                normal([1, 2, len], seed + 1),
-            );
-            let reference = reference::silu_mul(gate.clone(), up.clone());
-            assert_close(FlexBackend::silu_mul(gate, up), reference);
+    fn glu_matches_the_reference() {
+        for activation in [Activation::Silu, Activation::GeluTanh] {
+            for len in [10, 1 << 15] {
+                let seed = len as u64;
+                let (gate, up) = (
+                    normal([1, 2, len], seed) * 4.0,
+                    normal([1, 2, len], seed + 1),
+                );
+                let reference = reference::glu(gate.clone(), up.clone(), activation);
+                assert_close(FlexBackend::glu(gate, up, activation), reference);
+            }
         }
     }
 }

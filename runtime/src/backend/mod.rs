@@ -12,6 +12,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
 
 use crate::NdArrayBackend;
+use crate::config::Activation;
 pub use crate::kernels::attention::Heads;
 pub use crate::kernels::int8::Matmul;
 pub use crate::kernels::layer::{LayerShape, LayerWeights, Projection};
@@ -138,9 +139,9 @@ pub trait KernelBackend: Backend {
         reference::attention(queries, keys, values, heads, window)
     }
 
-    /// SwiGLU's gating: `silu(gate) * up`, element-wise.
-    fn silu_mul(gate: Tensor<Self, 3>, up: Tensor<Self, 3>) -> Tensor<Self, 3> {
-        reference::silu_mul(gate, up)
+    /// The gated MLP's gating: `activation(gate) * up`, element-wise (SwiGLU with SiLU).
+    fn glu(gate: Tensor<Self, 3>, up: Tensor<Self, 3>, activation: Activation) -> Tensor<Self, 3> {
+        reference::glu(gate, up, activation)
     }
 
     /// RMSNorm of each row of `x: [batch, seq, hidden]` with weight `gamma: [hidden]`.

@@ -7,6 +7,7 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
 
 use super::KvDtype;
+use crate::config::Activation;
 use crate::kernels::attention::Heads;
 use crate::rope::RopeRows;
 
@@ -20,9 +21,21 @@ pub fn linear<B: Backend>(x: Tensor<B, 3>, weight: Tensor<B, 2>) -> Tensor<B, 3>
         .reshape([batch, seq, d_out])
 }
 
-/// `silu(gate) * up`.
-pub fn silu_mul<B: Backend>(gate: Tensor<B, 3>, up: Tensor<B, 3>) -> Tensor<B, 3> {
-    silu(gate) * up
+/// `activation(gate) * up`; GELU-tanh as PyTorch writes it,
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`.
+pub fn glu<B: Backend>(
+    gate: Tensor<B, 3>,
+    up: Tensor<B, 3>,
+    activation: Activation,
+) -> Tensor<B, 3> {
+    match activation {
+        Activation::Silu => silu(gate) * up,
+        Activation::GeluTanh => {
+            let cube = gate.clone() * gate.clone() * gate.clone();
+            let inner = (gate.clone() + cube * 0.044_715) * (2.0 / std::f64::consts::PI).sqrt();
+            gate * 0.5 * (inner.tanh() + 1.0) * up
+        }
+    }
 }
 
 /// `x / sqrt(mean(x²) + epsilon) * gamma` over the last axis, as burn-nn's `RmsNorm` computes it.

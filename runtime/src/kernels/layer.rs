@@ -12,6 +12,7 @@ use super::attention::{CausalAttention, Heads, Matrix};
 use super::int8::Matmul;
 use super::matvec::{Rows, matvecs};
 use super::simd::{self, Stored};
+use crate::config::Activation;
 
 /// A linear layer's tensors: `M` its weight, `V` its bias, if it has one.
 #[derive(Debug, Clone)]
@@ -21,7 +22,8 @@ pub struct Projection<V, M> {
 }
 
 /// A decoder layer's tensors under their Hugging Face names (transformers'
-/// `LlamaDecoderLayer`): `V` a vector's (a norm's weight, a bias), `M` a matrix's.
+/// `LlamaDecoderLayer`, `Gemma3DecoderLayer` with the feedforward norms): `V` a vector's (a
+/// norm's weight, a bias), `M` a matrix's.
 #[derive(Debug, Clone)]
 pub struct LayerWeights<V, M> {
     pub input_layernorm: V,
@@ -34,6 +36,10 @@ pub struct LayerWeights<V, M> {
     pub q_norm: Option<V>,
     pub k_norm: Option<V>,
     pub post_attention_layernorm: V,
+    /// Gemma's sandwich norms (both or neither): with them `post_attention_layernorm`
+    /// normalizes the attention's output, as `model::DecoderLayer` says.
+    pub pre_feedforward_layernorm: Option<V>,
+    pub post_feedforward_layernorm: Option<V>,
     pub gate_proj: Projection<V, M>,
     pub up_proj: Projection<V, M>,
     pub down_proj: Projection<V, M>,
@@ -47,6 +53,10 @@ impl<V, M> LayerWeights<V, M> {
         vector: impl Fn(&'a V) -> Option<W>,
         matrix: impl Fn(&'a M) -> Option<N>,
     ) -> Option<LayerWeights<W, N>> {
+        let optional = |v: &'a Option<V>| match v {
+            Some(v) => vector(v).map(Some),
+            None => Some(None),
+        };
         let projection = |p: &'a Projection<V, M>| {
             Some(Projection {
                 weight: matrix(&p.weight)?,
@@ -62,15 +72,11 @@ impl<V, M> LayerWeights<V, M> {
             k_proj: projection(&self.k_proj)?,
             v_proj: projection(&self.v_proj)?,
             o_proj: projection(&self.o_proj)?,
-            q_norm: match &self.q_norm {
-                Some(norm) => Some(vector(norm)?),
-                None => None,
-            },
-            k_norm: match &self.k_norm {
-                Some(norm) => Some(vector(norm)?),
-                None => None,
-            },
+            q_norm: optional(&self.q_norm)?,
+            k_norm: optional(&self.k_norm)?,
             post_attention_layernorm: vector(&self.post_attention_layernorm)?,
+            pre_feedforward_layernorm: optional(&self.pre_feedforward_layernorm)?,
+            post_feedforward_layernorm: optional(&self.post_feedforward_layernorm)?,
             gate_proj: projection(&self.gate_proj)?,
             up_proj: projection(&self.up_proj)?,
             down_proj: projection(&self.down_proj)?,
@@ -84,6 +90,10 @@ pub struct LayerShape {
     pub heads: Heads,
     /// Whether queries and keys are rotated (not in SmolLM3's NoPE layers).
     pub rope: bool,
+    /// What queries are multiplied by (attention's score scale).
+    pub score_scale: f32,
+    /// The MLP's gate activation.
+    pub activation: Activation,
     /// RMSNorm's epsilon.
     pub epsilon: f32,
     /// Attention's sliding window, if it has one (see [`CausalAttention::window`]).
@@ -119,6 +129,8 @@ pub fn decode_layer<S: Stored>(
     let LayerShape {
         heads,
         rope: rotated,
+        score_scale,
+        activation,
         epsilon,
         window,
         matmul,
@@ -139,15 +151,14 @@ pub fn decode_layer<S: Stored>(
     for (((q, k), v), (cache, &(cos, sin))) in rows.zip(caches.into_iter().zip(rope)) {
         for (rows, norm) in [(&mut *q, w.q_norm), (&mut *k, w.k_norm)] {
             if let Some(gamma) = norm {
-                let unnormed = rows.to_vec();
-                simd::rms_norm_rows(&unnormed, gamma, epsilon, rows);
+                normalize(rows, gamma, epsilon);
             }
         }
         if rotated {
-            simd::rotary_heads(q, cos, sin, heads.score_scale());
+            simd::rotary_heads(q, cos, sin, score_scale);
             simd::rotary_heads(k, cos, sin, 1.0);
         } else {
-            q.iter_mut().for_each(|x| *x *= heads.score_scale());
+            q.iter_mut().for_each(|x| *x *= score_scale);
         }
         // The token's key and value join the cache; it attends to every position so far.
         let KvSlot {
@@ -175,21 +186,41 @@ pub fn decode_layer<S: Stored>(
         .decode();
         attended.extend(out);
     }
-    // Output projection, back into the residual stream.
-    let [o] = project([&w.o_proj], &attended, q_width, matmul);
+    // Output projection (normalized with sandwich norms), back into the residual stream.
+    let [mut o] = project([&w.o_proj], &attended, q_width, matmul);
+    let mlp_norm = match w.pre_feedforward_layernorm {
+        Some(pre_feedforward) => {
+            normalize(&mut o, w.post_attention_layernorm, epsilon);
+            pre_feedforward
+        }
+        None => w.post_attention_layernorm,
+    };
     add(x, &o);
 
-    // MLP: pre-norm, gate and up, SwiGLU, down, residual.
-    simd::rms_norm_rows(x, w.post_attention_layernorm, epsilon, &mut normed);
+    // MLP: pre-norm, gate and up, the gated activation, down (normalized with sandwich
+    // norms), residual.
+    simd::rms_norm_rows(x, mlp_norm, epsilon, &mut normed);
     let [mut gate, up] = project([&w.gate_proj, &w.up_proj], &normed, hidden, matmul);
-    simd::silu_mul(&mut gate, &up);
-    let [down] = project(
+    match activation {
+        Activation::Silu => simd::silu_mul(&mut gate, &up),
+        Activation::GeluTanh => simd::gelu_tanh_mul(&mut gate, &up),
+    }
+    let [mut down] = project(
         [&w.down_proj],
         &gate,
         gate.len() / (x.len() / hidden),
         matmul,
     );
+    if let Some(post_feedforward) = w.post_feedforward_layernorm {
+        normalize(&mut down, post_feedforward, epsilon);
+    }
     add(x, &down);
+}
+
+/// Each row of `x` RMS-normalized in place.
+fn normalize(x: &mut [f32], gamma: &[f32], epsilon: f32) {
+    let unnormed = x.to_vec();
+    simd::rms_norm_rows(&unnormed, gamma, epsilon, x);
 }
 
 /// The rows of `xs` (each `d_in` wide) through projections that share them as input: their

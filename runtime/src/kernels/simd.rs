@@ -182,6 +182,22 @@ multiversioned! {
     }
 }
 
+multiversioned! {
+    /// `gate[i] = gelu_tanh(gate[i]) * up[i]`, GELU's tanh approximation as PyTorch's
+    /// `gelu(approximate="tanh")` writes it: `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`,
+    /// with `tanh(u) = 1 - 2 / (1 + e^2u)` (through [`exp`], which vectorizes).
+    pub fn gelu_tanh_mul(gate: &mut [f32], up: &[f32]) {
+        const BETA: f32 = 0.797_884_6; // sqrt(2/pi)
+        const KAPPA: f32 = 0.044_715;
+        for (g, &u) in gate.iter_mut().zip(up) {
+            let x = *g;
+            let inner = BETA * (x + KAPPA * x * x * x);
+            let tanh = 1.0 - 2.0 / (1.0 + exp(2.0 * inner));
+            *g = 0.5 * x * (1.0 + tanh) * u;
+        }
+    }
+}
+
 /// Bundles in a product of `rows` output rows, the unit [`matvec_bundles`] works in: one
 /// per four rows, and one per row left over.
 pub fn matvec_bundle_count(rows: usize) -> usize {
@@ -1189,6 +1205,19 @@ mod tests {
             assert!(
                 (s - want).abs() <= 1e-6 * want.abs().max(1e-3),
                 "{s} vs {want}"
+            );
+        }
+        // GELU-tanh over [-12, 12] (past that tanh is ±1 in f32) and beyond, against f64.
+        let xs: Vec<f32> = (-1300..1300).map(|i| i as f32 * 0.01).collect();
+        let mut gate = xs.clone();
+        gelu_tanh_mul(&mut gate, &vec![1.0; xs.len()]);
+        for (&got, &x) in gate.iter().zip(&xs) {
+            let x = x as f64;
+            let inner = (2.0 / std::f64::consts::PI).sqrt() * (x + 0.044715 * x * x * x);
+            let want = 0.5 * x * (1.0 + inner.tanh());
+            assert!(
+                (got as f64 - want).abs() <= 1e-6 * want.abs().max(1.0),
+                "gelu_tanh({x}) = {got}, want {want}"
             );
         }
     }

@@ -894,9 +894,9 @@ mod tests {
         assert!(err.contains("Gemma2ForCausalLM"), "{err}");
         let mut v = smollm();
         v.as_object_mut().unwrap().remove("architectures");
-        v["model_type"] = "phi3".into();
+        v["model_type"] = "falcon".into();
         let err = resolve(v).unwrap_err().to_string();
-        assert!(err.contains("phi3"), "{err}");
+        assert!(err.contains("falcon"), "{err}");
     }
 
     #[test]
@@ -1105,6 +1105,134 @@ mod tests {
         v.as_object_mut().unwrap().remove("architectures");
         v["model_type"] = "qwen2".into();
         assert_eq!(resolve(v).unwrap(), qwen);
+    }
+
+    /// Gemma 3 1B's and Phi-3-mini-4k's config.json as the hub publishes them (every key),
+    /// resolved as transformers reads them; and what of Gemma 3 is refused by name.
+    #[test]
+    fn resolves_gemma3_and_phi3() {
+        let gemma = serde_json::json!({
+            "architectures": ["Gemma3ForCausalLM"], "attention_bias": false,
+            "attention_dropout": 0.0, "attn_logit_softcapping": null, "bos_token_id": 2,
+            "cache_implementation": "hybrid", "eos_token_id": [1, 106],
+            "final_logit_softcapping": null, "head_dim": 256,
+            "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152,
+            "initializer_range": 0.02, "intermediate_size": 6912,
+            "max_position_embeddings": 32768, "model_type": "gemma3_text",
+            "num_attention_heads": 4, "num_hidden_layers": 26, "num_key_value_heads": 1,
+            "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+            "rope_local_base_freq": 10000, "rope_scaling": null, "rope_theta": 1000000,
+            "sliding_window": 512, "sliding_window_pattern": 6, "torch_dtype": "bfloat16",
+            "transformers_version": "4.50.0.dev0", "use_cache": true, "vocab_size": 262144
+        });
+        let c = resolve(gemma.clone()).unwrap();
+        assert_eq!(c.full_attention_layers, [5, 11, 17, 23]);
+        assert_eq!(
+            (c.window(0), c.window(5), c.window(25)),
+            (Some(512), None, Some(512))
+        );
+        assert_eq!(
+            (c.rotation(0), c.rotation(5)),
+            (Rotation::Sliding, Rotation::Global)
+        );
+        assert_eq!(
+            (c.rope_theta, c.sliding_rope_theta, c.rope_scaling.clone()),
+            (1e6, Some(1e4), RopeScaling::None)
+        );
+        assert_eq!(c.activation, Activation::GeluTanh);
+        assert_eq!(c.score_scale, Some(1.0 / 16.0));
+        assert_eq!(c.embedding_scale, Some((1152f64).sqrt() as f32));
+        assert!(c.qk_norm && c.sandwich_norms && c.unit_offset_norms && c.tie_word_embeddings);
+        assert_eq!(c.eos_token_ids, [1, 106]);
+        // As transformers 5 saves it: layer_types and rope_parameters by layer type.
+        let mut saved = gemma.clone();
+        let object = saved.as_object_mut().unwrap();
+        for key in [
+            "rope_local_base_freq",
+            "rope_scaling",
+            "rope_theta",
+            "sliding_window_pattern",
+        ] {
+            object.remove(key);
+        }
+        let kinds: Vec<&str> = (0..26)
+            .map(|i| match (i + 1) % 6 {
+                0 => "full_attention",
+                _ => "sliding_attention",
+            })
+            .collect();
+        saved["layer_types"] = serde_json::json!(kinds);
+        saved["rope_parameters"] = serde_json::json!({
+            "full_attention": {"rope_type": "default", "rope_theta": 1000000.0},
+            "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}});
+        assert_eq!(resolve(saved).unwrap(), c);
+        for (key, value, named) in [
+            (
+                "final_logit_softcapping",
+                serde_json::json!(30.0),
+                "final_logit_softcapping",
+            ),
+            (
+                "attn_logit_softcapping",
+                serde_json::json!(50.0),
+                "attn_logit_softcapping",
+            ),
+            (
+                "use_bidirectional_attention",
+                true.into(),
+                "use_bidirectional_attention",
+            ),
+            (
+                "sliding_window",
+                serde_json::Value::Null,
+                "sliding_window null",
+            ),
+            (
+                "layer_types",
+                serde_json::json!(vec!["chunked_attention"; 26]),
+                "chunked_attention",
+            ),
+            (
+                "layer_types",
+                serde_json::json!(vec!["full_attention"; 3]),
+                "3 entries for 26",
+            ),
+        ] {
+            let mut v = gemma.clone();
+            v[key] = value;
+            let err = resolve(v).unwrap_err().to_string();
+            assert!(err.contains(named), "{key}: {err}");
+        }
+        // Per-layer-type RoPE is Gemma's alone.
+        let mut v = smollm();
+        v["rope_parameters"] = serde_json::json!({"full_attention": {"rope_theta": 1e4}});
+        assert!(
+            resolve(v)
+                .unwrap_err()
+                .to_string()
+                .contains("by layer type")
+        );
+
+        let phi = resolve(serde_json::json!({
+            "_name_or_path": "Phi-3-mini-4k-instruct", "architectures": ["Phi3ForCausalLM"],
+            "attention_dropout": 0.0, "bos_token_id": 1, "embd_pdrop": 0.0,
+            "eos_token_id": 32000, "hidden_act": "silu", "hidden_size": 3072,
+            "initializer_range": 0.02, "intermediate_size": 8192,
+            "max_position_embeddings": 4096, "model_type": "phi3",
+            "num_attention_heads": 32, "num_hidden_layers": 32, "num_key_value_heads": 32,
+            "original_max_position_embeddings": 4096, "pad_token_id": 32000,
+            "resid_pdrop": 0.0, "rms_norm_eps": 1e-05, "rope_scaling": null,
+            "rope_theta": 10000.0, "sliding_window": 2047, "tie_word_embeddings": false,
+            "torch_dtype": "bfloat16", "transformers_version": "4.40.2", "use_cache": true,
+            "attention_bias": false, "vocab_size": 32064
+        }))
+        .unwrap();
+        assert_eq!((phi.head_dim, phi.sliding_window), (96, Some(2047)));
+        assert_eq!(
+            (phi.window(31), phi.rotation(31)),
+            (Some(2047), Rotation::Global)
+        );
+        assert!(!phi.tie_word_embeddings && !phi.qk_norm && phi.biases == Biases::default());
     }
 
     /// Configs as the hub publishes them for the models each family is for (every key of

@@ -570,8 +570,10 @@ mod tests {
     /// what the layer's ops give, token after token, with keys split across threads once
     /// there are enough of them and projections both split and not: at 1, 2, 3 and 5
     /// threads, inside a thread team as `Llama::decode` runs it. Plain, and with every bias,
-    /// a sliding window shorter than the sequence and Qwen3's head norms, and without RoPE
-    /// (SmolLM3's NoPE layers); with each KV cache type.
+    /// a sliding window shorter than the sequence and Qwen3's head norms, without RoPE
+    /// (SmolLM3's NoPE layers), and with Gemma 3's switches (its own RoPE table for a
+    /// sliding layer, sandwich norms, GELU-tanh, another score scale); with each KV cache
+    /// type.
     #[test]
     fn fused_decode_layer_equals_the_composed_ops() {
         let plain = LlamaConfig::plain([64, 160, 1], [4, 2, 16], 10, 96);
@@ -590,6 +592,15 @@ mod tests {
             },
             LlamaConfig {
                 layers_without_rope: vec![0],
+                ..plain.clone()
+            },
+            LlamaConfig {
+                sliding_window: Some(40),
+                sliding_rope_theta: Some(500.0),
+                qk_norm: true,
+                activation: Activation::GeluTanh,
+                score_scale: Some(0.125),
+                sandwich_norms: true,
                 ..plain
             },
         ] {
@@ -613,7 +624,8 @@ mod tests {
             });
             for position in 0..positions {
                 let x = normal::<FlexBackend, 3>([1, 1, 64], position as u64);
-                let rope = fused_cache.rope_rows(1);
+                let rotations = fused_cache.rope_rows(1);
+                let rope = rotations.of(layer.self_attn.rotation).clone();
                 let fused_layer_cache = fused_cache.layers_mut().next().expect("one layer");
                 let composed_layer_cache = composed_cache.layers_mut().next().expect("one layer");
                 let shape = layer.shape(config.sliding_window, Matmul::Exact);

@@ -19,6 +19,7 @@ insertion order). A case whose template raises records `error` (the exception te
 """
 
 import copy
+import datetime
 import json
 import platform
 import sys
@@ -27,6 +28,7 @@ from pathlib import Path
 import jinja2
 import transformers
 from transformers import PreTrainedTokenizerFast
+from transformers.utils import chat_template_utils
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "runtime" / "tests" / "data" / "chat-tools"
@@ -52,7 +54,31 @@ TEMPLATES = {
         # Otherwise the template calls strftime_now("%d %b %Y") and the render depends on today.
         "kwargs": {"date_string": "26 Jul 2024"},
     },
+    # Templates without tools: only the cases that name them (`only_for`) and GENERAL_CASES.
+    "gemma3.jinja": {
+        "tokenizer_json": ROOT / "converter/tests/data/tiny-llama3/tokenizer.json",
+        "bos_token": "<bos>",
+        "eos_token": "<eos>",
+        "kwargs": {},
+        "tools": False,
+    },
+    "smollm3.jinja": {
+        "tokenizer_json": ROOT / "converter/tests/data/tiny-qwen2/tokenizer.json",
+        "bos_token": None,
+        "eos_token": "<|im_end|>",
+        "kwargs": {},
+        "tools": False,
+    },
 }
+
+# The cases without tools that the templates without tools get too.
+GENERAL_CASES = {"no_tools_with_system", "no_tools_no_system_multi_turn"}
+
+# `strftime_now` sees this fixed day, so no render depends on the day it is made (none of the
+# cases here writes the date: Llama's get `date_string`).
+TODAY = (2025, 7, 8)
+SMOLLM3 = {"smollm3.jinja"}
+GEMMA3 = {"gemma3.jinja"}
 
 
 # ---------------------------------------------------------------------------------------------
@@ -337,6 +363,41 @@ def scenarios():
             {},
             {"qwen3.jinja"},
         ),
+        # SmolLM3: thinking on unless `enable_thinking` is false or the system prompt says
+        # `/no_think` (`/think` there wins over the flag), the flags cut out of the custom
+        # instructions; history answers keep their <think> sections in think mode and get an
+        # empty one in no-think mode; a tool result is a user turn.
+        ("thinking_default", [user("Hi there")], None, {}, SMOLLM3 | {"qwen3.jinja"}),
+        ("thinking_off", [user("Hi there")], None, {"enable_thinking": False}, SMOLLM3),
+        ("thinking_on", [user("Hi there")], None, {"enable_thinking": True}, SMOLLM3),
+        ("system_no_think", [system("Be brief. /no_think"), user("Hi")], None, {}, SMOLLM3),
+        ("system_think_beats_flag", [system("/think Be brief.  "), user("Hi")], None,
+         {"enable_thinking": False}, SMOLLM3),
+        ("system_only_flag", [system("/no_think"), user("Hi")], None, {}, SMOLLM3),
+        ("system_override", [system("You are a pirate. /system_override"), user("Hi")], None, {}, SMOLLM3),
+        (
+            "history_think",
+            [system("Be brief."), user("What is 2 + 2?"),
+             assistant("\n<think>\nTwo and two make four.\n</think>\n4."), user("And 3 + 3?")],
+            None, {}, SMOLLM3,
+        ),
+        (
+            "history_no_think",
+            [user("What is 2 + 2?"), assistant("\n\n4."), user("And 3 + 3?")],
+            None, {"enable_thinking": False}, SMOLLM3,
+        ),
+        (
+            "tool_message_as_user",
+            [user("Weather?"), assistant("Checking."), tool_result("call_1", "22°C"), user("Thanks")],
+            None, {}, SMOLLM3,
+        ),
+        # Gemma 3: the system prompt is folded into the first user turn, `assistant` is
+        # `model`, contents trimmed, roles must alternate.
+        ("system_folded", [system("You are terse."), user("  Hi!  "), assistant(" Hello. "), user("Bye\n")],
+         None, {}, GEMMA3),
+        ("no_system", [user("Hi!")], None, {}, GEMMA3),
+        ("roles_must_alternate", [user("Hi!"), user("Again")], None, {}, GEMMA3),
+        ("assistant_first", [system("Be brief."), assistant("Hello.")], None, {}, GEMMA3),
     ]
 
 
@@ -353,13 +414,23 @@ def make_tokenizer(spec, template_text):
     return tok
 
 
+class FixedDay(datetime.datetime):
+    @classmethod
+    def now(cls, tz=None):
+        return cls(*TODAY, 12, 0, 0)
+
+
 def main():
+    # transformers' `strftime_now` reads `datetime.now()` of this module.
+    chat_template_utils.datetime = FixedDay
     cases = []
     for template_name, spec in TEMPLATES.items():
         template_text = (DATA / template_name).read_text(encoding="utf-8")
         tok = make_tokenizer(spec, template_text)
         for name, messages, tools, extra, only_for in scenarios():
             if only_for is not None and template_name not in only_for:
+                continue
+            if only_for is None and not spec.get("tools", True) and name not in GENERAL_CASES:
                 continue
             kwargs = {**spec["kwargs"], **extra}
             # Round-trip through JSON so the render sees exactly what renders.json holds.

@@ -147,7 +147,8 @@ impl ChatRequest {
             Ok::<_, minijinja::Error>(out)
         });
         env.add_filter("tojson", tojson);
-        env.add_template("chat", &self.template).map_err(error)?;
+        let template = generation_blocks_as_ifs(&self.template);
+        env.add_template("chat", &template).map_err(error)?;
         let context = minijinja::context! {
             messages => self.messages,
             tools => self.tools,
@@ -163,6 +164,42 @@ impl ChatRequest {
             .map_err(error)?;
         String::from_utf8(out.0).map_err(|e| ChatError(e.to_string()))
     }
+}
+
+/// The template with transformers' `{% generation %}` ... `{% endgeneration %}` blocks
+/// (SmolLM3's: they mark the assistant's tokens for training and render their body as is)
+/// written as blocks minijinja knows that do the same, `{% if true %}` ... `{% endif %}`,
+/// each tag's whitespace control kept.
+fn generation_blocks_as_ifs(template: &str) -> String {
+    let mut out = String::with_capacity(template.len());
+    let mut rest = template;
+    while let Some(start) = rest.find("{%") {
+        let (before, tag) = rest.split_at(start);
+        out.push_str(before);
+        let inner = tag[2..].trim_start_matches(['-', '+']);
+        let name = inner.trim_start();
+        let replaced = [("endgeneration", "endif"), ("generation", "if true")]
+            .into_iter()
+            .find_map(|(keyword, with)| {
+                let after = name.strip_prefix(keyword)?;
+                let closing = after.trim_start().trim_start_matches(['-', '+']);
+                closing.starts_with("%}").then_some((keyword, with))
+            });
+        match replaced {
+            Some((keyword, with)) => {
+                let head = tag.len() - name.len();
+                out.push_str(&tag[..head]);
+                out.push_str(with);
+                rest = &tag[head + keyword.len()..];
+            }
+            None => {
+                out.push_str("{%");
+                rest = &tag[2..];
+            }
+        }
+    }
+    out.push_str(rest);
+    out
 }
 
 /// How a chat request becomes text: [`ChatRequest::render`] in this process, or
@@ -429,6 +466,27 @@ mod tests {
             tools: None,
             kwargs: Default::default(),
         }
+    }
+
+    /// transformers' `{% generation %}` blocks (SmolLM3's template has them) render their
+    /// body, with each tag's whitespace control; other tags and text stay as they are.
+    #[test]
+    fn generation_blocks_render_their_body() {
+        assert_eq!(
+            generation_blocks_as_ifs("a {%- generation -%} b {% endgeneration %}{% if x %}"),
+            "a {%- if true -%} b {% endif %}{% if x %}"
+        );
+        assert_eq!(
+            generation_blocks_as_ifs("{{ '{%' }}{%+generation%}x{%endgeneration-%}{% generations %}"),
+            "{{ '{%' }}{%+if true%}x{%endif-%}{% generations %}"
+        );
+        let out = request(
+            "{% for m in messages %}\n  {% generation %}\n  [{{ m.content }}]\n  {% endgeneration %}\n{% endfor %}",
+            &[("user", "hi")],
+        )
+        .render()
+        .unwrap();
+        assert_eq!(out, "  [hi]\n");
     }
 
     /// The constructs Llama 3.1's template opens with (`strftime_now` if defined, slices,

@@ -3,8 +3,9 @@
 loading at scale (not committed, not in CI: a 1B-shaped one is 2.5 GB).
 
 usage: python3 scripts/make_random_checkpoint.py OUT_DIR [--shape SHAPE]
-SHAPE: llama-3.2-1b (default), llama-3.2-3b, qwen3-0.6b, or qwen3-0.6b-as-llama (the same
-sizes as a Llama: no head norms, for comparing the two)
+SHAPE: llama-3.2-1b (default), llama-3.2-3b, qwen3-0.6b, gemma-3-1b, or qwen3-0.6b-as-llama
+and gemma-3-1b-as-llama (the same sizes as a Llama: no head norms, sandwich norms, sliding
+window or GELU, for comparing the two)
 
 Shapes are the published configs' (hidden, layers, heads, MLP, vocab, tied embeddings,
 Llama 3.1 RoPE scaling); weights are normal(0, 0.02), norm weights normal(1, 0.1), written
@@ -30,7 +31,11 @@ SHAPES = {
                        num_key_value_heads=8, intermediate_size=3072, head_dim=128,
                        vocab_size=151936),
 }
+SHAPES["gemma-3-1b"] = dict(hidden_size=1152, num_hidden_layers=26, num_attention_heads=4,
+                            num_key_value_heads=1, intermediate_size=6912, head_dim=256,
+                            vocab_size=262144)
 SHAPES["qwen3-0.6b-as-llama"] = SHAPES["qwen3-0.6b"]
+SHAPES["gemma-3-1b-as-llama"] = SHAPES["gemma-3-1b"]
 VOCAB = 128256
 
 
@@ -49,9 +54,12 @@ def tensors(config):
     for i in range(config["num_hidden_layers"]):
         p = f"model.layers.{i}."
         yield p + "input_layernorm.weight", (h,)
-        if config["model_type"] == "qwen3":
+        if config["model_type"] in ("qwen3", "gemma3_text"):
             yield p + "self_attn.q_norm.weight", (config["head_dim"],)
             yield p + "self_attn.k_norm.weight", (config["head_dim"],)
+        if config["model_type"] == "gemma3_text":
+            yield p + "pre_feedforward_layernorm.weight", (h,)
+            yield p + "post_feedforward_layernorm.weight", (h,)
         yield p + "self_attn.q_proj.weight", (q, h)
         yield p + "self_attn.k_proj.weight", (kv, h)
         yield p + "self_attn.v_proj.weight", (kv, h)
@@ -85,6 +93,17 @@ def main():
     if shape == "qwen3-0.6b":
         config.update({"architectures": ["Qwen3ForCausalLM"], "model_type": "qwen3",
                        "use_sliding_window": False})
+    if shape.startswith("gemma-3"):  # Gemma 3 1B's RoPE and ids
+        del config["rope_scaling"]
+        config.update({"rope_theta": 1000000.0, "max_position_embeddings": 32768,
+                       "rms_norm_eps": 1e-6, "bos_token_id": 2, "eos_token_id": 1})
+    if shape == "gemma-3-1b":
+        del config["hidden_act"]
+        config.update({"architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text",
+                       "hidden_activation": "gelu_pytorch_tanh", "query_pre_attn_scalar": 256,
+                       "rope_local_base_freq": 10000.0, "sliding_window": 512,
+                       "sliding_window_pattern": 6, "final_logit_softcapping": None,
+                       "attn_logit_softcapping": None})
     json.dump(config, open(os.path.join(out, "config.json"), "w"), indent=2)
 
     tok = bpe_tokenizer(LLAMA3_SPLIT, [], 360)
@@ -110,7 +129,9 @@ def main():
             for first in range(0, rows, step):
                 part = (min(step, rows - first),) + tuple(dims[1:])
                 if name.endswith("norm.weight"):
-                    values = rng.normal(1.0, 0.1, part)
+                    # Gemma's norm weights are offsets from 1.
+                    mean = 0.0 if config["model_type"] == "gemma3_text" else 1.0
+                    values = rng.normal(mean, 0.1, part)
                 else:
                     values = rng.normal(0.0, 0.02, part)
                 f.write(bf16_bytes(values))

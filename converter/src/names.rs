@@ -141,6 +141,44 @@ mod tests {
         assert_eq!(to_hf(&param("layers.0.rotary.freqs", "Rope")), None);
     }
 
+    /// Phi-3's fused projections: q, k, v rows of `qkv_proj` in that order (GQA widths), gate
+    /// then up of `gate_up_proj`; other names are no part of a fused one.
+    #[test]
+    fn fused_parts_by_rule() {
+        let config = LlamaConfig::plain([64, 112, 2], [4, 2, 16], 96, 128);
+        let part = |name: &str| fused(name, &config);
+        let qkv = "model.layers.1.self_attn.qkv_proj.weight".to_string();
+        assert_eq!(
+            part("model.layers.1.self_attn.q_proj.weight"),
+            Some((qkv.clone(), 0..64, 128))
+        );
+        assert_eq!(
+            part("model.layers.1.self_attn.k_proj.weight"),
+            Some((qkv.clone(), 64..96, 128))
+        );
+        assert_eq!(
+            part("model.layers.1.self_attn.v_proj.weight"),
+            Some((qkv, 96..128, 128))
+        );
+        let gate_up = "model.layers.0.mlp.gate_up_proj.bias".to_string();
+        assert_eq!(
+            part("model.layers.0.mlp.gate_proj.bias"),
+            Some((gate_up.clone(), 0..112, 224))
+        );
+        assert_eq!(
+            part("model.layers.0.mlp.up_proj.bias"),
+            Some((gate_up, 112..224, 224))
+        );
+        for name in [
+            "model.layers.0.mlp.down_proj.weight",
+            "model.layers.0.self_attn.o_proj.weight",
+            "model.norm.weight",
+            "lm_head.weight",
+        ] {
+            assert_eq!(part(name), None, "{name}");
+        }
+    }
+
     #[test]
     fn splits_only_canonical_layer_numbers() {
         assert_eq!(

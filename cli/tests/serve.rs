@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::{Server, artifact_dir, chat_body, cli_answer};
+use common::{Server, artifact_dir, chat_body, cli_answer, has_openai_client, run_openai_client};
 
 const PROMPTS: [&str; 8] = [
     "What is the capital of France?",
@@ -1006,29 +1006,11 @@ fn sigterm_finishes_the_work_under_way() {
 #[test]
 fn openai_python_client() {
     let Some(dir) = artifact_dir() else { return };
-    let has_client = Command::new("python3")
-        .args(["-c", "import openai"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_client {
-        assert!(
-            std::env::var_os("REQUIRE_OPENAI").is_none(),
-            "python3 has no openai package"
-        );
+    if !has_openai_client() {
         return;
     }
     let server = Server::start(&dir, &["--api-key", "sesame"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
-    let out = Command::new("python3")
-        .args([script, &format!("http://{}/v1", server.address), "sesame"])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_openai_client(&server, &[]);
 }
 
 /// The next turn of a conversation starts from the kept cache: `cached_tokens` covers the

@@ -12,12 +12,11 @@
 
 mod common;
 
-use std::process::Command;
 use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::{Server, artifact_dir, chat_body};
+use common::{Server, artifact_dir, chat_body, has_openai_client, run_openai_client};
 
 /// A chat template that teaches tool calls in the Hermes format, rendered as transformers
 /// renders Qwen2.5's.
@@ -792,28 +791,9 @@ fn hostile_tool_schemas_are_answered_and_bounded() {
 #[test]
 fn openai_python_client_calls_tools() {
     let Some(dir) = artifact_dir() else { return };
-    let has_client = Command::new("python3")
-        .args(["-c", "import openai"])
-        .status()
-        .is_ok_and(|s| s.success());
-    if !has_client {
-        assert!(
-            std::env::var_os("REQUIRE_OPENAI").is_none(),
-            "python3 has no openai package"
-        );
+    if !has_openai_client() {
         return;
     }
     let server = tools_server(&dir, &["--api-key", "sesame"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
-    let out = Command::new("python3")
-        .args([script, &format!("http://{}/v1", server.address), "sesame"])
-        .arg("tools")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    run_openai_client(&server, &["tools"]);
 }

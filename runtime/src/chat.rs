@@ -477,7 +477,9 @@ mod tests {
             "a {%- if true -%} b {% endif %}{% if x %}"
         );
         assert_eq!(
-            generation_blocks_as_ifs("{{ '{%' }}{%+generation%}x{%endgeneration-%}{% generations %}"),
+            generation_blocks_as_ifs(
+                "{{ '{%' }}{%+generation%}x{%endgeneration-%}{% generations %}"
+            ),
             "{{ '{%' }}{%+if true%}x{%endif-%}{% generations %}"
         );
         let out = request(

@@ -100,6 +100,38 @@ impl Drop for Server {
     }
 }
 
+/// Runs cli/tests/openai_client.py (the official `openai` Python client) against `server`
+/// with the API key `sesame` and `mode`'s extra arguments, and fails with its output if it
+/// fails. Skipped when python3 has no `openai` package, unless `REQUIRE_OPENAI` is set (CI),
+/// which makes its absence a failure.
+pub fn run_openai_client(server: &Server, mode: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
+    let out = Command::new("python3")
+        .args([script, &format!("http://{}/v1", server.address), "sesame"])
+        .args(mode)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether python3 has the `openai` package; its absence fails under `REQUIRE_OPENAI`.
+pub fn has_openai_client() -> bool {
+    let has_client = Command::new("python3")
+        .args(["-c", "import openai"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_client || std::env::var_os("REQUIRE_OPENAI").is_none(),
+        "python3 has no openai package"
+    );
+    has_client
+}
+
 pub fn dechunk(mut body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {

@@ -20,9 +20,9 @@ within 1e-3; Gemma 3 with ggml's fp16-table GELU, within 2e-2.
 - gemma3: 12 layers (the GGUF cannot say the sliding-window pattern, llama.cpp assumes 6:
   layers 5 and 11 global), a window of 24 of the 100 positions, sliding layers' RoPE base
   10000 (llama.cpp's assumption), the global layers' 100000 linearly scaled by 2, q/k norms,
-  sandwich norms, norm weights as offsets from 1 (the GGUF holds 1 + w), head_dim 24 ≠
-  hidden 48 / 4 heads, query_pre_attn_scalar = head_dim (llama.cpp's scale), GELU-tanh,
-  tied embeddings;
+  sandwich norms, norm weights as offsets from 1 (w in [-0.5, 0.5]; the GGUF holds 1 + w),
+  head_dim 24 ≠ hidden 48 / 4 heads, query_pre_attn_scalar = head_dim (llama.cpp's scale),
+  GELU-tanh, tied embeddings;
 - phi3: 2 layers, q/k/v and gate/up fused, a sliding window of 24 (kept in config.json:
   transformers applies it), untied;
 - smollm3: 8 layers, no RoPE in layers 3 and 7 (llama.cpp's fixed step 4), q/k rows
@@ -90,6 +90,18 @@ def ggml_gelu(model):
         layer.mlp.act_fn = Gelu()
 
 
+def gemma_norm_offsets(model):
+    """Gemma's norm weights as offsets from 1: w uniform in [-0.5, 0.5], so 1 + w (what the
+    GGUF holds) is in [0.5, 1.5]. `randomise`'s [0.5, 1.5] for w would make every norm
+    multiply by 1.5 to 2.5, and the 12 layers so ill-conditioned that transformers' own f32
+    logits differ from its f64 ones by 3e-4 (5e-6 with these)."""
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.uniform_(-0.5, 0.5)
+                p.copy_(p.to(torch.bfloat16).to(torch.float32))
+
+
 def make(out_root, name, family, config_args, switched_off, tokenizer_class, as_llama_cpp=None):
     import transformers as tf
     model_class, config_class = {
@@ -108,10 +120,19 @@ def make(out_root, name, family, config_args, switched_off, tokenizer_class, as_
     config = config_class(**config_args)
     model = model_class(config).eval()
     randomise(model)
+    if family == "gemma3":
+        gemma_norm_offsets(model)
     state = {k: v.clone() for k, v in model.state_dict().items()}
     ids = tok.encode(SEQUENCE_TEXT).ids[:SEQUENCE_LENGTH]
     assert len(ids) == SEQUENCE_LENGTH, len(ids)
     logits = logits_of(model_class, config, state, ids)
+    # Well-conditioned enough for the tests' 1e-4: transformers' f32 logits within 2e-5 of
+    # its f64 ones.
+    with torch.no_grad():
+        f64 = model_class(config).eval().double()
+        f64.load_state_dict(state)
+        f64_diff = float((f64(torch.tensor([ids])).logits[0] - logits).abs().max())
+    assert f64_diff < 2e-5, f"{name}: f32 logits differ from f64 ones by {f64_diff}"
     effects = {}
     for feature, change in switched_off.items():
         if callable(change):
@@ -154,6 +175,7 @@ def make(out_root, name, family, config_args, switched_off, tokenizer_class, as_
         "vocab_size": config.vocab_size,
         "feature_off_max_logit_change": effects,
         "llama_cpp_max_logit_difference": round(llama_cpp_diff, 6),
+        "f64_max_logit_difference": f64_diff,
         "tokenizer_strings_checked_with_llama_cpp": 1 + len(strings),
     }, open(os.path.join(out, "fixture.json"), "w"), indent=1)
     size = sum(os.path.getsize(os.path.join(out, f)) for f in os.listdir(out))

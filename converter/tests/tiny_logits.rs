@@ -172,16 +172,21 @@ fn family_fixture(dir: &std::path::Path) -> Fixture {
     }
 }
 
-/// GGUF files beyond SmolLM2, K-quantized by llama.cpp: a Llama 3 style one (`llama-bpe`
+/// GGUF files beyond SmolLM2. K-quantized by llama.cpp: a Llama 3 style one (`llama-bpe`
 /// pre-tokenizer, BOS added; Q4_K and Q6_K tensors), a Qwen2 one (`qwen2` pre-tokenizer,
-/// q/k/v biases; Q3_K to Q6_K) and a Qwen3 one (head norms, head_dim 128; Q4_K, Q6_K). `import-gguf` must give a tokenizer that
-/// encodes as the source tokenizer.json does (which llama.cpp's tokenization of the GGUF
-/// was checked against when the fixture was made) on the tokenizer oracle's 293 strings, and
-/// a checkpoint whose logits are transformers' on gguf-py's dequantization of the file.
-/// Fixtures: tests/data/gguf-*, made by scripts/make_gguf_fixtures.py, whose logits are of
-/// those values rounded to bf16 (as imports were then); the import keeps them exact now (it
-/// keeps Q4_K and Q6_K blocks, which tests/gguf_blocks.rs checks), so the test rounds them
-/// as the fixture did before converting.
+/// q/k/v biases; Q3_K to Q6_K) and a Qwen3 one (head norms, head_dim 128; Q4_K, Q6_K).
+/// Written (F32) by llama.cpp's own convert_hf_to_gguf.py: a Gemma 3 one (sliding-window
+/// pattern, two RoPE bases, sandwich and q/k norms written as 1 + w), a Phi-3 one (fused
+/// projections, a window) and a SmolLM3 one (NoPE layers, q/k permuted). `import-gguf`
+/// must give a tokenizer that encodes as the source tokenizer.json does (which llama.cpp's
+/// tokenization of the GGUF was checked against when the fixture was made) on the tokenizer
+/// oracle's 293 strings, and a checkpoint whose logits are transformers'.
+/// Fixtures: tests/data/gguf-*, made by scripts/make_gguf_fixtures.py resp.
+/// scripts/make_gguf_fixtures_llamacpp.py. The quantized ones' logits are of gguf-py's
+/// dequantization rounded to bf16 (as imports were then); the import keeps them exact now
+/// (it keeps Q4_K and Q6_K blocks, which tests/gguf_blocks.rs checks), so the test rounds
+/// them as the fixture did before converting. The F32 ones hold bf16 values, imported as
+/// they are (Gemma's norms, less the 1, as f32).
 #[test]
 fn gguf_family_imports_match_transformers() {
     #[derive(Deserialize)]
@@ -195,8 +200,16 @@ fn gguf_family_imports_match_transformers() {
     let oracle = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
         .join("../runtime/tests/data/tokenizer_oracle.json");
     let oracle: Oracle = serde_json::from_str(&std::fs::read_to_string(oracle).unwrap()).unwrap();
-    for variant in ["llama-bpe", "qwen2", "qwen3"] {
+    for (variant, quantized) in [
+        ("llama-bpe", true),
+        ("qwen2", true),
+        ("qwen3", true),
+        ("gemma3", false),
+        ("phi3", false),
+        ("smollm3", false),
+    ] {
         let dir = data_dir(&format!("gguf-{variant}"));
+        eprintln!("gguf-{variant}");
         let tmp = tempfile::tempdir().unwrap();
         let checkpoint = tmp.path().join("hf");
         let run = common::converter(&[&"import-gguf", &dir.join("model.gguf"), &checkpoint]);
@@ -210,7 +223,9 @@ fn gguf_family_imports_match_transformers() {
         }
 
         let fixture = family_fixture(&dir);
-        rounded_to_bf16(&checkpoint);
+        if quantized {
+            rounded_to_bf16(&checkpoint);
+        }
         convert_and_check(&checkpoint, &fixture);
     }
 }

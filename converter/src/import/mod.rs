@@ -26,8 +26,9 @@ use serde_json::{Value as Json, json};
 use crate::blocks;
 use crate::gguf::{Gguf, TensorInfo};
 use crate::staging::Staging;
-use config::{Arch, Hyperparams};
+use config::Hyperparams;
 pub use names::hf_name;
+use names::hf_name_in;
 use tokenizer::TokenizerSpec;
 
 mod config;
@@ -53,8 +54,8 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
     let mut tensors = Vec::with_capacity(gguf.tensors.len());
     // Llama 3.1's RoPE scaling, read into config.json's parameters (`Hyperparams`).
     for info in gguf.tensors.iter().filter(|t| t.name != config::ROPE_FREQS) {
-        let hf_name =
-            hf_name(&info.name).with_context(|| format!("unmapped GGUF tensor {}", info.name))?;
+        let hf_name = hf_name_in(hp.arch, &info.name)
+            .with_context(|| format!("unmapped GGUF tensor {}", info.name))?;
         if info.ggml_type.block().is_none() {
             // Refused before any file is written, with its name; its size is not known.
             gguf.dequantize(info)?;
@@ -80,11 +81,19 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
     let gguf = &gguf;
     let views = (tensors.iter()).map(|&(ref name, info)| {
         let rows = q_k_heads(info, &hp);
+        // A value llama.cpp's converter shifted (Gemma's norms, written as 1 + w) is put
+        // back as f32: w in bf16 would not give the file's 1 + w back.
+        let shift = hp.arch.value_shift(&info.name);
+        let (dtype, width) = if shift == 0.0 {
+            (dtype, width)
+        } else {
+            (Dtype::F32, 4)
+        };
         let view = Lazy {
             shape: info.shape(),
             dtype,
             bytes: info.numel() * width,
-            make: Box::new(move || values_bytes(gguf, info, rows, dtype)),
+            make: Box::new(move || values_bytes(gguf, info, rows, shift, dtype)),
             error: &error,
         };
         (name.clone(), view)
@@ -158,13 +167,13 @@ fn kept_blocks(info: &TensorInfo) -> Option<BlockType> {
 }
 
 /// The heads a tensor's rows are permuted by: llama.cpp interleaves the two rotary halves
-/// of q and k (`llama` only; convert_hf_to_gguf.py permutes q and k biases as it does their
-/// weights).
+/// of q and k (`llama` and `smollm3`, `Arch::permutes_q_k`; convert_hf_to_gguf.py permutes
+/// q and k biases as it does their weights).
 fn q_k_heads(info: &TensorInfo, hp: &Hyperparams) -> Option<usize> {
     let tensor = info.name.rsplit_once('.').map_or("", |(rest, _)| rest);
-    match (hp.arch, tensor.rsplit('.').next()) {
-        (Arch::Llama, Some("attn_q")) => Some(hp.n_heads),
-        (Arch::Llama, Some("attn_k")) => Some(hp.n_kv_heads),
+    match tensor.rsplit('.').next() {
+        Some("attn_q") if hp.arch.permutes_q_k() => Some(hp.n_heads),
+        Some("attn_k") if hp.arch.permutes_q_k() => Some(hp.n_kv_heads),
         _ => None,
     }
 }
@@ -178,16 +187,21 @@ fn rows_of<'a>(bytes: &'a [u8], shape: &[usize], heads: Option<usize>) -> Result
     })
 }
 
-/// Dequantizes a tensor, undoes llama.cpp's q/k row permutation (by `heads`), and returns
-/// its little-endian bytes as `dtype`: F32 (exact) or BF16 (rounded to nearest even, as
-/// PyTorch's `.to(torch.bfloat16)`).
+/// Dequantizes a tensor, undoes llama.cpp's q/k row permutation (by `heads`) and what its
+/// converter added (`shift`, subtracted in f32), and returns its little-endian bytes as
+/// `dtype`: F32 (exact) or BF16 (rounded to nearest even, as PyTorch's
+/// `.to(torch.bfloat16)`).
 fn values_bytes(
     gguf: &Gguf,
     info: &TensorInfo,
     heads: Option<usize>,
+    shift: f32,
     dtype: Dtype,
 ) -> Result<Cow<'static, [u8]>> {
     let mut values = gguf.dequantize(info)?;
+    if shift != 0.0 {
+        values.iter_mut().for_each(|v| *v -= shift);
+    }
     if let Some(heads) = heads {
         // A bias is one column.
         let shape = match info.shape()[..] {

@@ -49,26 +49,7 @@ from make_tiny_fixture import (  # noqa: E402
 )
 from make_gguf_fixtures import ORACLE, check_llama_cpp_tokenizes_alike  # noqa: E402
 
-LLAMA_CPP = os.environ.get(
-    "LLAMA_CPP", "/tmp/lcpp-src/llama_cpp_python-0.3.36/vendor/llama.cpp")
-
-# convert_hf_to_gguf.py as its `__main__` runs it, with the vendored gguf-py, the
-# pre-tokenizer named instead of recognised by hash.
-CONVERT = """
-import sys
-sys.path.insert(0, sys.argv[1])
-import convert_hf_to_gguf
-from conversion import base
-base.TextModel.get_vocab_base_pre = lambda self, tokenizer: "llama-bpe"
-sys.argv = ["convert_hf_to_gguf.py", *sys.argv[2:]]
-convert_hf_to_gguf.main()
-"""
-
-
-def convert(hf_dir, out, name):
-    env = dict(os.environ, PYTHONPATH=os.path.join(LLAMA_CPP, "gguf-py"))
-    subprocess.run([sys.executable, "-c", CONVERT, LLAMA_CPP, hf_dir, "--outtype", "f32", "--model-name", name,
-                    "--outfile", out], check=True, env=env)
+from llamacpp_convert import convert  # noqa: E402
 
 
 def llama_cpp_logits(path, ids):
@@ -151,7 +132,7 @@ def make(out_root, name, family, config_args, switched_off, tokenizer_class, as_
                   open(os.path.join(hf, "tokenizer_config.json"), "w"))
         gguf_path = os.path.join(out, "model.gguf")
         # A name without the family's: llama.cpp looks up tokens Phi-3's vocabulary has by name.
-        convert(hf, gguf_path, "tiny-random")
+        convert(hf, gguf_path)
     check_llama_cpp_tokenizes_alike(gguf_path, tok, [SEQUENCE_TEXT] + strings)
     theirs = llama_cpp_logits(gguf_path, ids)
     # The model as llama.cpp computes it (Gemma's GELU; Phi-3 without its window).

@@ -110,6 +110,10 @@ def main():
     base = tok.get_vocab_size()
     tok.add_special_tokens([f"<|reserved_special_token_{i}|>" for i in range(config["vocab_size"] - base)])
     tok.save(os.path.join(out, "tokenizer.json"))
+    # Read as the plain tokenizer it is (transformers would otherwise pick the family's own
+    # class, which adds its special tokens: llama.cpp's converter reads it through that).
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast"},
+              open(os.path.join(out, "tokenizer_config.json"), "w"))
 
     layout = list(tensors(config))
     header, offset = {"__metadata__": {"format": "pt"}}, 0

@@ -187,6 +187,12 @@ fn family_fixture(dir: &std::path::Path) -> Fixture {
 /// (it keeps Q4_K and Q6_K blocks, which tests/gguf_blocks.rs checks), so the test rounds
 /// them as the fixture did before converting. The F32 ones hold bf16 values, imported as
 /// they are (Gemma's norms, less the 1, as f32).
+/// And a SentencePiece vocabulary (`tokenizer.ggml.model = "llama"`, as llama.cpp's
+/// converter writes Llama 2's) around a 2-layer Llama (tests/data/gguf-spm, made by
+/// scripts/make_gguf_spm_fixture.py): the imported tokenizer must give the ids llama.cpp
+/// gives for each of its 761 strings (the oracle's 293, 57 of spaces, tabs, newlines, CJK,
+/// emoji and digits, 400 random ones of the vocabulary's pieces, 11 holding control tokens),
+/// BOS first, and decode them to the text llama.cpp decodes them to.
 #[test]
 fn gguf_family_imports_match_transformers() {
     #[derive(Deserialize)]
@@ -207,6 +213,7 @@ fn gguf_family_imports_match_transformers() {
         ("gemma3", false),
         ("phi3", false),
         ("smollm3", false),
+        ("spm", false),
     ] {
         let dir = data_dir(&format!("gguf-{variant}"));
         eprintln!("gguf-{variant}");
@@ -215,11 +222,16 @@ fn gguf_family_imports_match_transformers() {
         let run = common::converter(&[&"import-gguf", &dir.join("model.gguf"), &checkpoint]);
         assert!(run.success, "{variant}: {}", run.stderr);
 
-        let source = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
         let imported = tokenizers::Tokenizer::from_file(checkpoint.join("tokenizer.json")).unwrap();
-        for text in oracle.cases.iter().map(|c| c.text.as_str()) {
-            let ids = |t: &tokenizers::Tokenizer| t.encode(text, true).unwrap().get_ids().to_vec();
-            assert_eq!(ids(&imported), ids(&source), "{variant}: {text:?}");
+        if dir.join("cases.json").exists() {
+            assert_llama_cpp_tokenizes_alike(&imported, &dir.join("cases.json"), "model.gguf");
+        } else {
+            let source = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+            for text in oracle.cases.iter().map(|c| c.text.as_str()) {
+                let ids =
+                    |t: &tokenizers::Tokenizer| t.encode(text, true).unwrap().get_ids().to_vec();
+                assert_eq!(ids(&imported), ids(&source), "{variant}: {text:?}");
+            }
         }
 
         let fixture = family_fixture(&dir);
@@ -227,6 +239,39 @@ fn gguf_family_imports_match_transformers() {
             rounded_to_bf16(&checkpoint);
         }
         convert_and_check(&checkpoint, &fixture);
+    }
+}
+
+/// `tokenizer` encodes each string of `cases` (a fixture's cases.json: what llama.cpp did
+/// with the GGUF `file`) to llama.cpp's ids, special tokens added as the file says, and
+/// decodes the ids after the BOS it adds to the text llama.cpp decoded them to. Strings
+/// holding a control token's text (`<s>`) are llama.cpp's with special tokens read (as the
+/// runtime reads them), ids only.
+fn assert_llama_cpp_tokenizes_alike(
+    tokenizer: &tokenizers::Tokenizer,
+    cases: &std::path::Path,
+    file: &str,
+) {
+    #[derive(Deserialize)]
+    struct Case {
+        text: String,
+        ids: Vec<u32>,
+        /// None for a text holding control tokens' text (llama.cpp's ids with `special`).
+        decoded: Option<String>,
+    }
+    let cases: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(cases).unwrap()).unwrap();
+    let cases: Vec<Case> = serde_json::from_value(cases[file].clone()).unwrap();
+    assert!(cases.len() >= 700, "{file}: {} cases", cases.len());
+    let bos = tokenizer.token_to_id("<s>").unwrap();
+    for case in &cases {
+        let ids = tokenizer.encode(case.text.as_str(), true).unwrap();
+        assert_eq!(ids.get_ids(), case.ids, "{file}: {:?}", case.text);
+        if let Some(expected) = &case.decoded {
+            let body = case.ids.strip_prefix(&[bos]).unwrap_or(&case.ids);
+            let decoded = tokenizer.decode(body, true).unwrap();
+            assert_eq!(&decoded, expected, "{file}: {:?} decoded", case.text);
+        }
     }
 }
 

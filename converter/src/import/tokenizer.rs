@@ -178,8 +178,8 @@ impl TokenizerSpec {
             ("EOS", spec.eos, spec.add_eos),
         ] {
             match id {
-                Some(id) if id as usize >= spec.tokens.len() => bail!(
-                    "the GGUF's {what} token id {id} is past its {} tokens",
+                Some(id) if needed && id as usize >= spec.tokens.len() => bail!(
+                    "the GGUF adds {what} token id {id}, past its {} tokens",
                     spec.tokens.len()
                 ),
                 None if needed && sentencepiece => {

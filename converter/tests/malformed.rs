@@ -377,9 +377,15 @@ const CASES: &[Case] = &[
         setup: |d| config_case(d, |c| c["architectures"] = json!(["Gemma2ForCausalLM"])),
     },
     Case {
-        name: "config: Phi-3 (fused qkv)",
-        expected: "unsupported architecture Phi3ForCausalLM",
-        setup: |d| config_case(d, |c| c["architectures"] = json!(["Phi3ForCausalLM"])),
+        name: "config: Phi-3 with LongRoPE (the 128k models)",
+        expected: "rope_type \"longrope\" is not supported",
+        setup: |d| {
+            config_case(d, |c| {
+                c["architectures"] = json!(["Phi3ForCausalLM"]);
+                c["rope_scaling"] =
+                    json!({"type": "longrope", "long_factor": [1.0], "short_factor": [1.0]});
+            })
+        },
     },
     Case {
         name: "config: Mixtral (mixture of experts)",

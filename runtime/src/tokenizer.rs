@@ -448,11 +448,18 @@ impl Tokenizer {
     /// out, has none.
     pub fn token_bytes(&self, id: u32) -> Vec<u8> {
         let text = self.decode(&[id]).unwrap_or_default();
+        let token = self.inner.id_to_token(id).unwrap_or_default();
+        // A SentencePiece piece's `▁` is a space, which a decoder's `Strip` (Llama 2's,
+        // Mistral's) drops from the start of what it decodes, a lone token too: the piece's
+        // own text keeps it, as llama.cpp's `token_to_piece` does.
+        let special = || self.inner.get_added_vocabulary().is_special_token(&token);
+        if token.starts_with('\u{2581}') && !text.starts_with(' ') && !special() {
+            return token.replace('\u{2581}', " ").into_bytes();
+        }
         if !text.contains(char::REPLACEMENT_CHARACTER) {
             return text.into_bytes();
         }
         // Part of a character: the vocabulary entry's own bytes.
-        let token = self.inner.id_to_token(id).unwrap_or_default();
         (byte_fallback(&token).or_else(|| byte_level(&token))).unwrap_or_else(|| text.into_bytes())
     }
 
@@ -692,6 +699,13 @@ mod tests {
                 .flat_map(|&id| words[id as usize].clone())
                 .collect();
             assert_eq!(bytes, format!(" {text}").into_bytes(), "{text}: {ids:?}");
+            // A generation's text token by token: the decoder's `Strip` drops each lone
+            // token's leading space, which the piece keeps (words stay apart).
+            let streamed: Vec<u8> = ids
+                .iter()
+                .flat_map(|&id| tokenizer.token_bytes(id))
+                .collect();
+            assert_eq!(streamed, bytes, "{text}: {ids:?}");
         }
         assert_eq!(words[1], b"\xFF<s>");
         assert_eq!(words[3 + 0xC3], [0xC3]);

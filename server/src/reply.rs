@@ -49,6 +49,9 @@ pub(crate) struct Reply {
 pub(crate) struct ToolReading {
     pub format: Format,
     pub names: Vec<String>,
+    /// `parallel_tool_calls`: false keeps an answer's first call only, whatever
+    /// `tool_choice` (a forced answer's grammar allows one call already).
+    pub parallel: bool,
 }
 
 /// What one choice has sent so far, while streaming.
@@ -71,6 +74,9 @@ struct Streamed {
 struct Reading {
     splitter: Option<Splitter>,
     parser: Option<Parser>,
+    /// Calls read so far, and how many are kept (`parallel_tool_calls: false`: one).
+    calls: usize,
+    most_calls: usize,
 }
 
 /// What a chat answer says, piece by piece.
@@ -91,8 +97,24 @@ impl Reading {
     fn finish(mut self) -> Vec<Said> {
         let parts = (self.splitter.take()).map_or(Vec::new(), Splitter::finish);
         let mut said = self.reply(parts);
-        if let Some(parser) = self.parser {
-            said.extend(parser.finish().into_iter().map(Said::Delta));
+        if let Some(parser) = self.parser.take() {
+            let deltas = parser.finish();
+            said.extend(self.kept(deltas));
+        }
+        said
+    }
+
+    /// `deltas` as said, calls past the most kept left out.
+    fn kept(&mut self, deltas: Vec<Delta>) -> Vec<Said> {
+        let mut said = Vec::with_capacity(deltas.len());
+        for delta in deltas {
+            if let Delta::Call(_) = delta {
+                self.calls += 1;
+                if self.calls > self.most_calls {
+                    continue;
+                }
+            }
+            said.push(Said::Delta(delta));
         }
         said
     }
@@ -103,7 +125,8 @@ impl Reading {
             match (part, &mut self.parser) {
                 (Part::Reasoning(text), _) => said.push(Said::Reasoning(text)),
                 (Part::Reply(text), Some(parser)) => {
-                    said.extend(parser.push(&text).into_iter().map(Said::Delta));
+                    let deltas = parser.push(&text);
+                    said.extend(self.kept(deltas));
                 }
                 (Part::Reply(text), None) => said.push(Said::Delta(Delta::Content(text))),
             }
@@ -146,7 +169,16 @@ impl Reply {
         let splitter = (self.kind == Kind::Chat && self.reasoning).then(Splitter::default);
         let parser =
             (self.tools.as_ref()).map(|tools| Parser::new(tools.format, tools.names.clone()));
-        (splitter.is_some() || parser.is_some()).then_some(Reading { splitter, parser })
+        let most_calls = match &self.tools {
+            Some(tools) if !tools.parallel => 1,
+            _ => usize::MAX,
+        };
+        (splitter.is_some() || parser.is_some()).then_some(Reading {
+            splitter,
+            parser,
+            calls: 0,
+            most_calls,
+        })
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -643,17 +675,18 @@ mod reading_tests {
         reply.tools = Some(ToolReading {
             format: Format::Hermes,
             names: vec!["get_weather".into()],
+            parallel: true,
         });
         reply
     }
 
-    /// The engine's events for `ANSWER` sent in pieces of `size` bytes (at characters).
-    fn events(size: usize) -> Vec<async_mpsc::UnboundedReceiver<Event>> {
+    /// The engine's events for `answer` sent in pieces of `size` bytes (ASCII).
+    fn events(answer: &str, size: usize) -> Vec<async_mpsc::UnboundedReceiver<Event>> {
         let (sender, receiver) = async_mpsc::unbounded_channel();
         let mut at = 0;
-        while at < ANSWER.len() {
-            let end = (at + size).min(ANSWER.len());
-            sender.send(Event::Text(ANSWER[at..end].into())).unwrap();
+        while at < answer.len() {
+            let end = (at + size).min(answer.len());
+            sender.send(Event::Text(answer[at..end].into())).unwrap();
             at = end;
         }
         let done = Event::Done {
@@ -676,22 +709,22 @@ mod reading_tests {
         String::from_utf8(bytes.to_vec()).unwrap()
     }
 
-    fn whole(reply: Reply, size: usize) -> Value {
+    fn whole(reply: Reply, answer: &str, size: usize) -> Value {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .build()
             .unwrap();
-        let response = runtime.block_on(reply.whole(events(size)));
+        let response = runtime.block_on(reply.whole(events(answer, size)));
         serde_json::from_str(&body(response)).unwrap()
     }
 
     /// The streamed chunks' reasoning, content, calls and finish reason, joined.
-    fn streamed(reply: Reply, size: usize) -> (String, String, Vec<Value>, Value) {
+    fn streamed(reply: Reply, answer: &str, size: usize) -> (String, String, Vec<Value>, Value) {
         let runtime = tokio::runtime::Builder::new_current_thread()
             .enable_all()
             .build()
             .unwrap();
         let text = runtime.block_on(async {
-            let response = reply.stream(events(size), false).into_response();
+            let response = reply.stream(events(answer, size), false).into_response();
             let bytes = axum::body::to_bytes(response.into_body(), 1 << 20).await;
             String::from_utf8(bytes.unwrap().to_vec()).unwrap()
         });
@@ -719,7 +752,7 @@ mod reading_tests {
     #[test]
     fn reasoning_and_calls_are_read_whole_and_streamed() {
         for size in [1, 2, 3, 7, 16, ANSWER.len()] {
-            let answer = whole(reply(true), size);
+            let answer = whole(reply(true), ANSWER, size);
             let message = &answer["choices"][0]["message"];
             assert_eq!(message["reasoning_content"], "The weather, then.");
             assert_eq!(message["content"], Value::Null);
@@ -730,7 +763,7 @@ mod reading_tests {
             );
             assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
 
-            let (reasoning, content, calls, finish) = streamed(reply(true), size);
+            let (reasoning, content, calls, finish) = streamed(reply(true), ANSWER, size);
             assert_eq!(reasoning, "The weather, then.", "pieces of {size}");
             assert_eq!(content, "");
             assert_eq!(calls.len(), 1);
@@ -739,10 +772,43 @@ mod reading_tests {
             assert_eq!(finish, "tool_calls");
         }
         // Kept in the content (--keep-thinking): the call is still read, after the section.
-        let answer = whole(reply(false), 5);
+        let answer = whole(reply(false), ANSWER, 5);
         let message = &answer["choices"][0]["message"];
         assert_eq!(message["content"], "<think>\nThe weather, then.\n</think>");
         assert!(message.get("reasoning_content").is_none());
         assert_eq!(message["tool_calls"].as_array().unwrap().len(), 1);
+    }
+
+    /// `parallel_tool_calls: false` under `auto`: an answer calling twice keeps its first
+    /// call, whole and streamed; with it true, both.
+    #[test]
+    fn one_call_kept_without_parallel_calls() {
+        let call = |city: &str| {
+            format!(
+                "<tool_call>\n{{\"name\": \"get_weather\", \"arguments\": {{\"city\": \"{city}\"}}}}\n</tool_call>"
+            )
+        };
+        let answer = format!("{}\n{}", call("Paris"), call("Rome"));
+        for (parallel, expected) in [(false, 1), (true, 2)] {
+            let single = || {
+                let mut reply = reply(false);
+                reply.tools.as_mut().unwrap().parallel = parallel;
+                reply
+            };
+            for size in [1, 4, answer.len()] {
+                let whole = whole(single(), &answer, size);
+                let calls = whole["choices"][0]["message"]["tool_calls"]
+                    .as_array()
+                    .unwrap();
+                assert_eq!(calls.len(), expected, "{whole}");
+                assert_eq!(calls[0]["function"]["arguments"], r#"{"city":"Paris"}"#);
+                let (_, content, calls, finish) = streamed(single(), &answer, size);
+                assert_eq!(
+                    (calls.len(), finish.as_str()),
+                    (expected, Some("tool_calls"))
+                );
+                assert_eq!(content.trim(), "", "pieces of {size}");
+            }
+        }
     }
 }

@@ -220,6 +220,7 @@ async fn start(
         .map(|(tools, format)| ToolReading {
             format,
             names: tools.functions.iter().map(|f| f.name.clone()).collect(),
+            parallel: tools.parallel,
         });
     let grammar = match (&request.grammar, &request.tools, format) {
         (Some(grammar), _, _) => Some(grammar.clone()),

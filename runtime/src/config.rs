@@ -650,14 +650,10 @@ impl LlamaConfig {
             None => Ok(None),
         };
         let full_rope = rope_parameters("full_attention")?;
-        for parameters in [&full_rope, &hf.rope_scaling].into_iter().flatten() {
-            if let Some(factor) = parameters.partial_rotary_factor.filter(|f| *f != 1.0) {
-                return invalid(format!(
-                    "partial_rotary_factor {factor} is not supported (only 1.0)"
-                ));
-            }
-        }
-        if let Some(factor) = hf.partial_rotary_factor.filter(|f| *f != 1.0) {
+        // At the top level (hub files) or among the RoPE parameters (transformers 5).
+        let nested = [&full_rope, &hf.rope_scaling].map(|r| r.as_ref()?.partial_rotary_factor);
+        let factors = nested.into_iter().chain([hf.partial_rotary_factor]);
+        if let Some(factor) = factors.flatten().find(|f| *f != 1.0) {
             return invalid(format!(
                 "partial_rotary_factor {factor} is not supported (only 1.0)"
             ));

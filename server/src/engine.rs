@@ -185,6 +185,8 @@ pub struct Metrics {
     pub queued: AtomicUsize,
     pub running: AtomicUsize,
     pub requests: AtomicU64,
+    /// Requests dropped because their client went away (closed the connection).
+    pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
     /// Nanoseconds spent running sequences (prefill and decode), for tok/s.
@@ -277,6 +279,7 @@ impl<B: KernelBackend> Engine<B> {
                 let tokens = piece_at(sequence.prefilled(), budget);
                 let started = Instant::now();
                 let prefilled = if events.is_closed() {
+                    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                     Err(Event::Failed("the client went away".into()))
                 } else {
                     (self.generator.prefill(sequence, tokens)).map_err(failure)
@@ -302,6 +305,7 @@ impl<B: KernelBackend> Engine<B> {
             while i < running.len() {
                 if running[i].events.is_closed() {
                     let active = running.swap_remove(i);
+                    metrics.cancelled.fetch_add(1, Ordering::Relaxed);
                     let gone = Err(Event::Failed("the client went away".into()));
                     self.retire(active, gone, &mut kept, metrics);
                 } else {
@@ -354,6 +358,7 @@ impl<B: KernelBackend> Engine<B> {
         metrics: &Metrics,
     ) {
         if job.events.is_closed() && job.forks.iter().all(|f| f.events.is_closed()) {
+            metrics.cancelled.fetch_add(1, Ordering::Relaxed);
             return;
         }
         let reuse = self.cache_for(kept, &job.prompt, &job.scope);

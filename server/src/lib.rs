@@ -16,6 +16,7 @@ mod guard;
 mod reply;
 mod routes;
 mod transport;
+mod webui;
 
 use std::net::SocketAddr;
 use std::sync::atomic::AtomicU64;
@@ -66,6 +67,8 @@ pub struct Options {
     /// Leave a thinking model's `<think>` section in `content` instead of moving it to
     /// `reasoning_content`.
     pub keep_thinking: bool,
+    /// Serve the chat page at `/`.
+    pub webui: bool,
 }
 
 /// What the HTTP side needs of the loaded model.

@@ -44,8 +44,11 @@ pub(crate) fn router(state: State) -> axum::Router {
         // The key is checked first (the outer layer), then the body's type.
         .route_layer(middleware::from_fn(crate::guard::json_only))
         .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
-    axum::Router::new()
-        .merge(api)
+    let mut router = axum::Router::new().merge(api);
+    if state.options.webui {
+        router = router.merge(crate::webui::routes());
+    }
+    router
         .route("/health", get(health))
         .route("/metrics", get(metrics))
         .fallback(|| async { ApiError::with_status(StatusCode::NOT_FOUND, "no such route") })
@@ -106,11 +109,13 @@ async fn metrics(axum::extract::State(state): axum::extract::State<State>) -> Re
         "# TYPE runtime_prompt_tokens_total counter\nruntime_prompt_tokens_total {}\n\
          # TYPE runtime_completion_tokens_total counter\nruntime_completion_tokens_total {completion}\n\
          # TYPE runtime_requests_total counter\nruntime_requests_total {}\n\
+         # TYPE runtime_requests_cancelled_total counter\nruntime_requests_cancelled_total {}\n\
          # TYPE runtime_requests_running gauge\nruntime_requests_running {}\n\
          # TYPE runtime_requests_queued gauge\nruntime_requests_queued {}\n\
          # TYPE runtime_completion_tokens_per_second gauge\nruntime_completion_tokens_per_second {tokens_per_s:.3}\n",
         load(&m.prompt_tokens),
         load(&m.requests),
+        load(&m.cancelled),
         m.running.load(Ordering::Relaxed),
         m.queued.load(Ordering::Relaxed),
     );

@@ -317,6 +317,9 @@ struct ServeArgs {
     /// 0 keeps none. Default: a quarter of the memory available at start, at most 8192.
     #[arg(long, value_name = "MIB")]
     cache_ram: Option<u64>,
+    /// Do not serve the chat page at `/` (the API is served either way).
+    #[arg(long)]
+    no_webui: bool,
     #[command(flatten)]
     common: CommonArgs,
 }
@@ -398,6 +401,7 @@ fn serve(args: &ServeArgs) -> Result<()> {
         allowed_hosts: args.allowed_hosts.clone(),
         content_specials: specials(args.special_in_content),
         keep_thinking: args.keep_thinking,
+        webui: !args.no_webui,
     };
     let listening = |address| {
         println!("listening on http://{address}");

@@ -37,35 +37,55 @@ pub fn thread_count(arg: &str) -> Result<usize, String> {
     }
 }
 
-/// Runs `work`, and if it takes more than a second, shows `message` with a spinner and the
-/// time so far on stderr until it ends (only on a terminal: nothing in logs or pipes). For
-/// loads, whose length the library does not report as it goes.
-pub fn with_spinner<T>(message: &str, work: impl FnOnce() -> T) -> T {
+/// Whether progress may be drawn: stderr is a terminal (nothing in logs or pipes).
+pub fn shows_progress() -> bool {
     use std::io::IsTerminal;
+    std::io::stderr().is_terminal()
+}
+
+/// A bar on stderr for `len` steps of `unit` (hidden unless [`shows_progress`]).
+pub fn progress_bar(message: &str, len: u64, unit: &str) -> indicatif::ProgressBar {
+    if !shows_progress() {
+        return indicatif::ProgressBar::hidden();
+    }
+    let template = format!("{{msg}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{elapsed}} (eta {{eta}})");
+    let style = indicatif::ProgressStyle::with_template(&template)
+        .expect("a valid template")
+        .progress_chars("=> ");
+    indicatif::ProgressBar::new(len)
+        .with_style(style)
+        .with_message(message.to_string())
+}
+
+/// Runs `work`, handing it a [`runtime::load::Progress`] to count in; if it takes more than
+/// a second, shows `message` with a bar of the parameters made so far on stderr until it
+/// ends (only on a terminal).
+pub fn with_load_progress<T>(message: &str, work: impl FnOnce(&runtime::load::Progress) -> T) -> T {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    if !std::io::stderr().is_terminal() {
-        return work();
+    let progress = std::sync::Arc::new(runtime::load::Progress::default());
+    if !shows_progress() {
+        return work(&progress);
     }
     let (done, finished) = mpsc::channel::<()>();
     let message = message.to_string();
+    let watched = progress.clone();
     let shown = std::thread::spawn(move || {
         if finished.recv_timeout(Duration::from_secs(1)) != Err(mpsc::RecvTimeoutError::Timeout) {
             return;
         }
-        let spinner = indicatif::ProgressBar::new_spinner()
-            .with_message(message)
+        let bar = progress_bar(&message, watched.total() as u64, "tensors")
             .with_elapsed(Duration::from_secs(1));
-        spinner.set_style(
-            indicatif::ProgressStyle::with_template("{spinner} {msg} {elapsed}")
-                .expect("a valid template"),
-        );
-        spinner.enable_steady_tick(Duration::from_millis(100));
-        let _ = finished.recv();
-        spinner.finish_and_clear();
+        while finished.recv_timeout(Duration::from_millis(100))
+            == Err(mpsc::RecvTimeoutError::Timeout)
+        {
+            bar.set_length(watched.total() as u64);
+            bar.set_position(watched.done() as u64);
+        }
+        bar.finish_and_clear();
     });
-    let result = work();
+    let result = work(&progress);
     let _ = done.send(());
     let _ = shown.join();
     result

@@ -20,7 +20,7 @@ use serde::{Deserialize, Serialize};
 use crate::backend::KernelBackend;
 use crate::config::{ConfigError, LlamaConfig};
 use crate::files::{FileError, read_text_bounded};
-use crate::load::{Kept, Source, Weights, check_laid_out, load_into};
+use crate::load::{Kept, Progress, Source, Weights, check_laid_out, load_watched};
 use crate::model::Llama;
 use crate::params::params;
 use crate::record::Record;
@@ -311,18 +311,29 @@ pub fn load_model_with<B: KernelBackend>(
     device: &B::Device,
     weights: Weights,
 ) -> Result<(Llama<B>, LlamaConfig, Kept), ArtifactError> {
+    load_model_watched(dir, device, weights, &Progress::default())
+}
+
+/// [`load_model_with`], counting each parameter made in `progress`.
+pub fn load_model_watched<B: KernelBackend>(
+    dir: &Path,
+    device: &B::Device,
+    weights: Weights,
+    progress: &Progress,
+) -> Result<(Llama<B>, LlamaConfig, Kept), ArtifactError> {
     let manifest = Manifest::read(dir)?;
     manifest.check_files(dir)?;
     let config = LlamaConfig::from_file(&dir.join(CONFIG_FILE))?;
     check_parameter_count(dir, &manifest, &config)?;
     let record_path = dir.join(MODEL_FILE);
     let load = |source| {
-        load_into(
+        load_watched(
             source,
             config.init::<B>(device),
             config.tie_word_embeddings,
             weights,
             device,
+            progress,
         )
     };
     let (model, kept) = if manifest.file(WEIGHTS_FILE).is_some() {

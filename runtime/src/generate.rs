@@ -13,7 +13,7 @@ use crate::backend::{KernelBackend, Matmul};
 use crate::cache::{CacheError, KvCache, KvDtype};
 use crate::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::grammar::{Constraint, Grammar, GrammarError, Grammars};
-use crate::load::{Kept, Weights};
+use crate::load::{Kept, Progress, Weights};
 use crate::model::Llama;
 use crate::rope::Rope;
 use crate::sampling::{Sampler, SamplingParams, TokenLogprob, log_partition, logprobs};
@@ -141,7 +141,19 @@ impl<B: KernelBackend> Generator<B> {
         device: &B::Device,
         weights: Weights,
     ) -> Result<Self, GenerateError> {
-        let (model, config, kept) = artifact::load_model_with::<B>(dir, device, weights)?;
+        Self::load_watched(dir, device, weights, &Progress::default())
+    }
+
+    /// [`Self::load_with`], counting each parameter made in `progress` (for a progress bar
+    /// drawn by another thread).
+    pub fn load_watched(
+        dir: &Path,
+        device: &B::Device,
+        weights: Weights,
+        progress: &Progress,
+    ) -> Result<Self, GenerateError> {
+        let (model, config, kept) =
+            artifact::load_model_watched::<B>(dir, device, weights, progress)?;
         let mut eos_ids = config.eos_token_ids.clone();
         // generation_config.json is optional; when present it may name more end tokens.
         let generation = GenerationConfig::from_file(&dir.join(GENERATION_CONFIG_FILE))?;

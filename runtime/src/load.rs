@@ -4,6 +4,7 @@
 //! mapped file and laid out here.
 
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
@@ -57,7 +58,40 @@ pub fn load_into<B: KernelBackend>(
     weights: Weights,
     device: &B::Device,
 ) -> Result<(Llama<B>, Kept), String> {
+    load_watched(source, model, tied, weights, device, &Progress::default())
+}
+
+/// How far a load has got, in parameters, for a progress bar: the loader counts as it
+/// makes each tensor, another thread reads (the library draws nothing itself).
+#[derive(Debug, Default)]
+pub struct Progress {
+    done: AtomicUsize,
+    total: AtomicUsize,
+}
+
+impl Progress {
+    /// Parameters made so far.
+    pub fn done(&self) -> usize {
+        self.done.load(Ordering::Relaxed)
+    }
+
+    /// Parameters the model has: 0 until the source has been checked against them.
+    pub fn total(&self) -> usize {
+        self.total.load(Ordering::Relaxed)
+    }
+}
+
+/// [`load_into`], counting each parameter made in `progress`.
+pub fn load_watched<B: KernelBackend>(
+    source: Source<'_>,
+    model: Llama<B>,
+    tied: bool,
+    weights: Weights,
+    device: &B::Device,
+    progress: &Progress,
+) -> Result<(Llama<B>, Kept), String> {
     let declared = params(&model);
+    progress.total.store(declared.len(), Ordering::Relaxed);
     match source {
         Source::Record(record) => {
             let names: Vec<String> = declared.into_iter().map(|p| p.path).collect();
@@ -80,6 +114,7 @@ pub fn load_into<B: KernelBackend>(
         path: FieldPath::default(),
         embedding: None,
         error: None,
+        progress,
     };
     let model = model.map(&mut loader);
     match loader.error {
@@ -184,6 +219,7 @@ fn some_of(names: &[String]) -> String {
 
 struct Loader<'a, B: Backend> {
     source: Source<'a>,
+    progress: &'a Progress,
     tied: bool,
     weights: Weights,
     kept: Kept,
@@ -452,7 +488,10 @@ impl<B: KernelBackend> ModuleMapper<B> for Loader<'_, B> {
         let (path, owner) = (self.path.path(), self.path.owner().to_string());
         let expected = param.lazy_shape().to_vec();
         match self.tensor::<D>(&path, &owner, &expected, param.id) {
-            Ok((id, tensor)) => Param::initialized(id, tensor),
+            Ok((id, tensor)) => {
+                self.progress.done.fetch_add(1, Ordering::Relaxed);
+                Param::initialized(id, tensor)
+            }
             Err(error) => {
                 self.error = Some(error);
                 param

@@ -427,8 +427,8 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     if common.weights == Weights::Bf16 && !B::BF16_WEIGHTS {
         bail!("--weights bf16 needs the flex backend");
     }
-    let mut generator = cli::with_spinner("loading the model", || {
-        Generator::<B>::load_with(dir, &device, common.weights)
+    let mut generator = cli::with_load_progress("loading the model", |progress| {
+        Generator::<B>::load_watched(dir, &device, common.weights, progress)
     })?;
     generator.kv_dtype = common.kv_cache;
     generator.matmul = common.matmul;
@@ -618,11 +618,19 @@ fn perplexity<B: KernelBackend>(args: &PerplexityArgs) -> Result<()> {
     let base = args.kl_base.as_deref().map(Logprobs::load).transpose()?;
     let keep = args.save_logprobs.is_some() || base.is_some();
     let mut logprobs = Logprobs::new(&ids, generator.config.vocab_size);
+    // Stderr, and not beside --json: its output is for programs.
+    let bar = match args.common.json {
+        true => indicatif::ProgressBar::hidden(),
+        false => cli::progress_bar("scoring", ids.len() as u64, "tokens"),
+    };
     let result = generator.score(&ids, |logits| {
+        bar.inc(1);
         if keep {
             logprobs.push(logits)
         }
-    })?;
+    });
+    bar.finish_and_clear();
+    let result = result?;
     if let Some(path) = &args.save_logprobs {
         logprobs.save(path)?;
     }

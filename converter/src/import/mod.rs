@@ -19,6 +19,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 use half::bf16;
+use indicatif::{ProgressBar, ProgressStyle};
 use runtime::quant::BlockType;
 use safetensors::{Dtype, tensor::View};
 use serde_json::{Value as Json, json};
@@ -79,6 +80,13 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
         false => (Dtype::F32, 4),
     };
     let gguf = &gguf;
+    // Hidden unless stderr is a terminal; counts the bytes written, both files together.
+    let progress = ProgressBar::new(0).with_style(
+        ProgressStyle::with_template("{msg:>10} [{bar:40}] {bytes}/{total_bytes} {elapsed}")
+            .expect("valid template")
+            .progress_chars("=> "),
+    );
+    progress.set_message("importing");
     let views = (tensors.iter()).map(|&(ref name, info)| {
         let rows = q_k_heads(info, &hp);
         // A value llama.cpp's converter shifted (Gemma's norms, written as 1 + w) is put
@@ -95,10 +103,17 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
             bytes: info.numel() * width,
             make: Box::new(move || values_bytes(gguf, info, rows, shift, dtype)),
             error: &error,
+            progress: &progress,
         };
         (name.clone(), view)
     });
-    write_safetensors(views, &staging.path("model.safetensors"), &error)?;
+    let views: Vec<_> = views.collect();
+    progress.inc_length(views.iter().map(|(_, view)| view.bytes as u64).sum());
+    write_safetensors(
+        views.into_iter(),
+        &staging.path("model.safetensors"),
+        &error,
+    )?;
     if !kept.is_empty() {
         let views = (kept.iter()).map(|&(name, info, ty)| {
             let rows = q_k_heads(info, &hp);
@@ -115,12 +130,17 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
                 }),
                 shape,
                 error: &error,
+                progress: &progress,
             };
             (name.to_string(), view)
         });
+        let views: Vec<_> = views.collect();
+        progress.inc_length(views.iter().map(|(_, view)| view.bytes as u64).sum());
+        let views = views.into_iter();
         let types = blocks::metadata(kept.iter().map(|&(name, _, ty)| (name, ty)));
         write_safetensors_with(views, Some(types), &staging.path(blocks::FILE_NAME), &error)?;
     }
+    progress.finish_and_clear();
 
     let write_json = |name: &str, value: Json| -> Result<()> {
         let mut text = serde_json::to_string_pretty(&sorted(value))?;
@@ -229,6 +249,8 @@ struct Lazy<'a> {
     bytes: usize,
     make: Box<dyn Fn() -> Result<Cow<'a, [u8]>> + 'a>,
     error: &'a RefCell<Option<anyhow::Error>>,
+    /// Advanced by each tensor's bytes as they are made.
+    progress: &'a ProgressBar,
 }
 
 impl View for Lazy<'_> {
@@ -245,7 +267,10 @@ impl View for Lazy<'_> {
             return Cow::Borrowed(&[]);
         }
         match (self.make)() {
-            Ok(bytes) if bytes.len() == self.bytes => bytes,
+            Ok(bytes) if bytes.len() == self.bytes => {
+                self.progress.inc(self.bytes as u64);
+                bytes
+            }
             result => {
                 *self.error.borrow_mut() = Some(result.err().unwrap_or_else(|| {
                     anyhow::anyhow!("a tensor's bytes are not what its shape needs")

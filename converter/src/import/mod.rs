@@ -82,11 +82,10 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
     let gguf = &gguf;
     // Hidden unless stderr is a terminal; counts the bytes written, both files together.
     let progress = ProgressBar::new(0).with_style(
-        ProgressStyle::with_template("{msg:>10} [{bar:40}] {bytes}/{total_bytes} {elapsed}")
+        ProgressStyle::with_template(" importing [{bar:40}] {bytes}/{total_bytes} {elapsed}")
             .expect("valid template")
             .progress_chars("=> "),
     );
-    progress.set_message("importing");
     let views = (tensors.iter()).map(|&(ref name, info)| {
         let rows = q_k_heads(info, &hp);
         // A value llama.cpp's converter shifted (Gemma's norms, written as 1 + w) is put

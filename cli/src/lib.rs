@@ -18,6 +18,7 @@ impl BackendKind {
     }
 }
 pub mod logprobs;
+pub mod plot;
 pub mod repl;
 
 /// `--threads` as every command line reads it (clap's value parser): a count from 1 to the

@@ -14,10 +14,14 @@
 //! RSS are those of a real process from start to model ready. `--gguf` adds llama.cpp on
 //! those files (scripts/llamacpp_bench.py, the same figures taken the same way), run by run
 //! in turn with ours: `just bench-llamacpp`.
+//!
+//! `--plot FILE,...` turns saved JSON lines into SVG figures instead (`cli::plot`; `just
+//! bench-plots` runs the benches and writes docs/figures/). On a terminal, a progress bar
+//! over the runs goes to stderr; stdout holds only the tables and the JSON lines.
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
-use std::time::Instant;
+use std::process::{Command, ExitCode};
+use std::time::{Instant, SystemTime};
 
 use anyhow::{Context, Result, bail};
 use clap::Parser;
@@ -81,6 +85,13 @@ struct Cli {
     /// to measure what constrained decoding costs. Not with --gguf.
     #[arg(long, value_name = "FILE", conflicts_with = "gguf")]
     json_schema: Option<PathBuf>,
+    /// Write SVG figures from these files of the bench's JSON lines (comma-separated)
+    /// into --figures, and measure nothing.
+    #[arg(long, value_delimiter = ',', value_name = "JSONL")]
+    plot: Vec<PathBuf>,
+    /// Where --plot writes its figures.
+    #[arg(long, value_name = "DIR", default_value = "docs/figures")]
+    figures: PathBuf,
     /// Internal: run one measurement in this process and print it as JSON.
     #[arg(long, hide = true)]
     child: bool,
@@ -99,16 +110,33 @@ struct Sample {
     bytes_per_token: Option<f64>,
 }
 
-fn main() -> Result<()> {
+fn main() -> ExitCode {
     let started = Instant::now();
     runtime::keep_freed_memory();
     let cli = Cli::parse();
+    match run(&cli, started) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: &Cli, started: Instant) -> Result<()> {
+    if !cli.plot.is_empty() {
+        let lines = cli::plot::Lines::read(&cli.plot)?;
+        for path in cli::plot::write_figures(&lines, &cli.figures)? {
+            eprintln!("wrote {}", path.display());
+        }
+        return Ok(());
+    }
     let threads = cli.threads.first().copied();
     if cli.child && !cli.streams.is_empty() {
         let backend = cli.backends.first().context("--child needs one backend")?;
         let samples = runtime::in_thread_pool(threads, || match backend {
-            BackendKind::Flex => measure_streams::<FlexBackend>(&cli),
-            BackendKind::Ndarray => measure_streams::<NdArrayBackend>(&cli),
+            BackendKind::Flex => measure_streams::<FlexBackend>(cli),
+            BackendKind::Ndarray => measure_streams::<NdArrayBackend>(cli),
         })??;
         println!("{}", serde_json::to_string(&samples)?);
         return Ok(());
@@ -116,16 +144,16 @@ fn main() -> Result<()> {
     if cli.child {
         let backend = cli.backends.first().context("--child needs one backend")?;
         let sample = runtime::in_thread_pool(threads, || match backend {
-            BackendKind::Flex => measure::<FlexBackend>(&cli, started),
-            BackendKind::Ndarray => measure::<NdArrayBackend>(&cli, started),
+            BackendKind::Flex => measure::<FlexBackend>(cli, started),
+            BackendKind::Ndarray => measure::<NdArrayBackend>(cli, started),
         })??;
         println!("{}", serde_json::to_string(&sample)?);
         return Ok(());
     }
     if !cli.streams.is_empty() {
-        return parent_streams(&cli);
+        return parent_streams(cli);
     }
-    parent(&cli)
+    parent(cli)
 }
 
 /// Steps of `--streams`' batched decoding.
@@ -249,12 +277,11 @@ impl Constrained {
 
 /// `--streams`' table: ours and llama.cpp's batched decoding, run by run in turn.
 fn parent_streams(cli: &Cli) -> Result<()> {
-    let threads = cli
-        .threads
-        .first()
-        .copied()
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get()));
-    let host = host(std::thread::available_parallelism().map_or(1, |n| n.get()));
+    let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+    let threads = cli.threads.first().copied().unwrap_or(cores);
+    let (date, host) = (utc_now(), host(cores));
+    let bandwidth = read_bandwidth_gb_s(cores);
+    eprintln!("read bandwidth: {bandwidth:.1} GB/s ({cores} threads, best of 3 passes over 1 GiB)");
     let engines: Vec<Engine> = (cli.backends.iter().map(|b| Engine::Ours(b.name())))
         .chain(cli.gguf.iter().map(Engine::LlamaCpp))
         .collect();
@@ -297,6 +324,13 @@ fn parent_streams(cli: &Cli) -> Result<()> {
             median(samples.iter().filter(|s| s.streams == n).map(f).collect())
         };
         let aggregate = |n: usize| med(n, |s| s.aggregate_tok_s);
+        // How our runs kept weights and cache; llama.cpp's are the GGUF's and its own.
+        let ours = matches!(engine, Engine::Ours(_));
+        let (weights, kv_cache, matmul) = (
+            ours.then(|| cli.weights.to_string()),
+            ours.then(|| cli.kv_cache.to_string()),
+            ours.then(|| cli.matmul.to_string()),
+        );
         let one = cli.streams.contains(&1).then(|| aggregate(1));
         for &n in &cli.streams {
             let total = aggregate(n);
@@ -307,10 +341,10 @@ fn parent_streams(cli: &Cli) -> Result<()> {
                 total / n as f64
             );
             json_lines.push(serde_json::json!({
-                "engine": name, "threads": threads, "runs": cli.runs, "streams": n,
-                "aggregate_tok_s": total, "ttft_ms": ttft_ms, "weights": cli.weights.to_string(),
-                "kv_cache": cli.kv_cache.to_string(), "matmul": cli.matmul.to_string(),
-                "host": host,
+                "engine": name, "kind": engine.kind(), "threads": threads, "runs": cli.runs,
+                "streams": n, "aggregate_tok_s": total, "ttft_ms": ttft_ms, "weights": weights,
+                "kv_cache": kv_cache, "matmul": matmul, "read_bandwidth_gb_s": bandwidth,
+                "host": host, "date": date,
             }));
         }
     }
@@ -416,6 +450,14 @@ impl Engine<'_> {
         }
     }
 
+    /// Whose a JSON line is, for `bench --plot`: "ours" or "llama.cpp".
+    fn kind(&self) -> &'static str {
+        match self {
+            Engine::Ours(_) => "ours",
+            Engine::LlamaCpp(_) => "llama.cpp",
+        }
+    }
+
     fn sample(&self, cli: &Cli, threads: usize) -> Result<Sample> {
         match self {
             Engine::Ours(backend) => child(
@@ -438,7 +480,7 @@ fn parent(cli: &Cli) -> Result<()> {
     } else {
         cli.threads.clone()
     };
-    let host = host(cores);
+    let (date, host) = (utc_now(), host(cores));
     let bandwidth = read_bandwidth_gb_s(cores);
     eprintln!("read bandwidth: {bandwidth:.1} GB/s ({cores} threads, best of 3 passes over 1 GiB)");
     let tg = match cli.depth {
@@ -496,7 +538,8 @@ fn parent(cli: &Cli) -> Result<()> {
             "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128, "depth": cli.depth,
             "weights": weights, "kv_cache": kv_cache, "matmul": matmul,
             "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth, "host": host,
-            "tg_bound_tok_s": bound, "tg_percent_of_bound": percent,
+            "tg_bound_tok_s": bound, "tg_percent_of_bound": percent, "kind": engine.kind(),
+            "date": date,
         }));
     }
     for line in json_lines {
@@ -516,10 +559,21 @@ fn alternate<'a, C, T>(
     mut sample: impl FnMut(&'a C) -> Result<Vec<T>>,
 ) -> Result<Vec<Result<Vec<T>, String>>> {
     let mut samples: Vec<Result<Vec<T>, String>> = configs.iter().map(|_| Ok(vec![])).collect();
+    // On a terminal, a bar over the runs (a bench takes minutes); the ticks keep its clock
+    // moving through a run of many seconds.
+    let progress = cli::progress_bar("bench", (runs * configs.len()) as u64, "runs");
+    progress.enable_steady_tick(std::time::Duration::from_millis(500));
     for _ in 0..runs {
         for (config, samples) in configs.iter().zip(&mut samples) {
-            let Ok(done) = samples else { continue };
-            match sample(config) {
+            let Ok(done) = samples else {
+                // A configuration that failed counts as run, so the bar ends full.
+                progress.inc(1);
+                continue;
+            };
+            progress.set_message(format!("bench: {}", engine(config).name()));
+            let result = sample(config);
+            progress.inc(1);
+            match result {
                 Ok(run) => done.extend(run),
                 Err(e) if matches!(engine(config), Engine::LlamaCpp(_)) => {
                     *samples = Err(e.to_string())
@@ -528,7 +582,28 @@ fn alternate<'a, C, T>(
             }
         }
     }
+    progress.finish_and_clear();
     Ok(samples)
+}
+
+/// Now, UTC, as `2026-11-25T06:40:12Z`: when a bench's JSON lines were measured (days from
+/// the epoch to a civil date as in Howard Hinnant's `civil_from_days`).
+fn utc_now() -> String {
+    let secs = SystemTime::now()
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs());
+    let (days, time) = (secs / 86400, secs % 86400);
+    let z = days as i64 + 719468;
+    let era = z.div_euclid(146097);
+    let doe = z - era * 146097;
+    let yoe = (doe - doe / 1460 + doe / 36524 - doe / 146096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    let (h, m, s) = (time / 3600, time / 60 % 60, time % 60);
+    format!("{year:04}-{month:02}-{day:02}T{h:02}:{m:02}:{s:02}Z")
 }
 
 /// One run of ours: this binary as a child (`--child`) with `extra` arguments.
@@ -549,12 +624,12 @@ fn child<T: serde::de::DeserializeOwned>(
         .args(extra)
         .output()?;
     if !out.status.success() {
-        // The child's error line, without anyhow's "Error: " and any backtrace after it.
+        // The child's error line, without its "error: ".
         let stderr = String::from_utf8_lossy(&out.stderr);
         let message = stderr.lines().next().unwrap_or("no message");
         bail!(
             "{backend} run failed: {}",
-            message.trim_start_matches("Error: ")
+            message.trim_start_matches("error: ")
         );
     }
     Ok(serde_json::from_slice(&out.stdout)?)

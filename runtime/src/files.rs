@@ -173,17 +173,35 @@ impl MappedFile {
 /// # Safety
 /// `bytes` must be a read-only private mapping of a file, from its first page.
 pub unsafe fn populate_mapped(bytes: &[u8]) {
+    // SAFETY: the caller's promise.
+    unsafe { populate_mapped_watched(bytes, |_| ()) }
+}
+
+/// [`populate_mapped`], telling `read` the bytes of each piece mapped as it goes (pieces of
+/// 64 MiB, so that a progress bar moves while a large file is read from disk).
+///
+/// # Safety
+/// `bytes` must be a read-only private mapping of a file, from its first page.
+pub unsafe fn populate_mapped_watched(bytes: &[u8], mut read: impl FnMut(u64)) {
+    const PIECE: usize = 64 << 20;
     let (ptr, len) = (bytes.as_ptr() as *mut libc::c_void, bytes.len());
     if len == 0 {
         return;
     }
     // SAFETY: advice on a live read-only mapping (the caller's promise); none of it
     // changes its contents. MADV_POPULATE_READ is Linux 5.14's; older kernels refuse it,
-    // and MADV_WILLNEED then at least starts reading the file into the page cache.
+    // and MADV_WILLNEED then at least starts reading the file into the page cache. Huge
+    // pages are asked for the whole map at once: on pieces, the map would be split.
     unsafe {
         libc::madvise(ptr, len, libc::MADV_HUGEPAGE);
-        if libc::madvise(ptr, len, libc::MADV_POPULATE_READ) != 0 {
-            libc::madvise(ptr, len, libc::MADV_WILLNEED);
+        for start in (0..len).step_by(PIECE) {
+            let piece = PIECE.min(len - start);
+            let at = ptr.byte_add(start);
+            if libc::madvise(at, piece, libc::MADV_POPULATE_READ) != 0 {
+                libc::madvise(ptr, len, libc::MADV_WILLNEED);
+                return;
+            }
+            read(piece as u64);
         }
     }
 }

@@ -4,7 +4,7 @@
 //! mapped file and laid out here.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::tensor::backend::Backend;
@@ -33,6 +33,15 @@ pub enum Source<'a> {
 }
 
 impl Source<'_> {
+    /// The bytes `path`'s parameter takes in the file (0 for one it does not hold: a tied
+    /// lm_head in the weights file).
+    fn stored_bytes(self, path: &str) -> u64 {
+        match self {
+            Source::Record(record) => record.param(path).map_or(0, |p| p.bytes.len() as u64),
+            Source::LaidOut(file) => file.entry(path).map_or(0, |entry| entry.bytes),
+        }
+    }
+
     fn file_name(self) -> &'static str {
         match self {
             Source::Record(_) => "model.mpk",
@@ -61,27 +70,27 @@ pub fn load_into<B: KernelBackend>(
     load_watched(source, model, tied, weights, device, &Progress::default())
 }
 
-/// How far a load has got, in parameters, for a progress bar: the loader counts as it
-/// makes each tensor, another thread reads (the library draws nothing itself).
+/// How far a load has got, in bytes of the file read, for a progress bar: the loader counts
+/// as it makes each tensor, another thread reads (the library draws nothing itself).
 #[derive(Debug, Default)]
 pub struct Progress {
-    done: AtomicUsize,
-    total: AtomicUsize,
+    done: AtomicU64,
+    total: AtomicU64,
 }
 
 impl Progress {
-    /// Parameters made so far.
-    pub fn done(&self) -> usize {
+    /// Bytes of the parameters made so far.
+    pub fn done(&self) -> u64 {
         self.done.load(Ordering::Relaxed)
     }
 
-    /// Parameters the model has: 0 until the source has been checked against them.
-    pub fn total(&self) -> usize {
+    /// Bytes of all the parameters: 0 until the source has been checked against them.
+    pub fn total(&self) -> u64 {
         self.total.load(Ordering::Relaxed)
     }
 }
 
-/// [`load_into`], counting each parameter made in `progress`.
+/// [`load_into`], counting the bytes of each parameter made in `progress`.
 pub fn load_watched<B: KernelBackend>(
     source: Source<'_>,
     model: Llama<B>,
@@ -91,14 +100,29 @@ pub fn load_watched<B: KernelBackend>(
     progress: &Progress,
 ) -> Result<(Llama<B>, Kept), String> {
     let declared = params(&model);
-    progress.total.store(declared.len(), Ordering::Relaxed);
     match source {
         Source::Record(record) => {
-            let names: Vec<String> = declared.into_iter().map(|p| p.path).collect();
+            let names: Vec<String> = declared.iter().map(|p| p.path.clone()).collect();
             check_same_params(&record.param_paths(), &names, source.file_name())?;
         }
         Source::LaidOut(file) => check_laid_out(file, &declared, tied)?,
     }
+    // Tensors used where they lie in the map get all their pages first, so that the first
+    // prompt takes no page faults: then the progress is that reading, else each tensor made.
+    let populated = match source {
+        Source::LaidOut(file) if weights == Weights::Auto => {
+            progress.total.store(file.size(), Ordering::Relaxed);
+            file.populate(|bytes| {
+                progress.done.fetch_add(bytes, Ordering::Relaxed);
+            });
+            true
+        }
+        _ => {
+            let total = declared.iter().map(|p| source.stored_bytes(&p.path)).sum();
+            progress.total.store(total, Ordering::Relaxed);
+            false
+        }
+    };
     let weights = match weights {
         // Quantized as asked on any backend: blocks kept (BLOCK_WEIGHTS) or their values.
         Weights::Blocks(_) => weights,
@@ -114,7 +138,7 @@ pub fn load_watched<B: KernelBackend>(
         path: FieldPath::default(),
         embedding: None,
         error: None,
-        progress,
+        progress: (!populated).then_some(progress),
     };
     let model = model.map(&mut loader);
     match loader.error {
@@ -219,7 +243,8 @@ fn some_of(names: &[String]) -> String {
 
 struct Loader<'a, B: Backend> {
     source: Source<'a>,
-    progress: &'a Progress,
+    /// Where each tensor made is counted (none when the file's reading was).
+    progress: Option<&'a Progress>,
     tied: bool,
     weights: Weights,
     kept: Kept,
@@ -489,7 +514,10 @@ impl<B: KernelBackend> ModuleMapper<B> for Loader<'_, B> {
         let expected = param.lazy_shape().to_vec();
         match self.tensor::<D>(&path, &owner, &expected, param.id) {
             Ok((id, tensor)) => {
-                self.progress.done.fetch_add(1, Ordering::Relaxed);
+                if let Some(progress) = self.progress {
+                    let bytes = self.source.stored_bytes(&path);
+                    progress.done.fetch_add(bytes, Ordering::Relaxed);
+                }
                 Param::initialized(id, tensor)
             }
             Err(error) => {

@@ -250,13 +250,19 @@ impl WeightsFile {
         })
     }
 
-    /// Maps every page now (`MappedFile::populate`), for a loader that uses the tensors where
-    /// they lie: no page faults in the first prompt. Not for one that converts them (quantizing
-    /// at load), which reads each tensor once and drops its pages: populating first would hold
-    /// the whole file in memory beside what it makes.
-    pub fn populate(&self) {
+    /// Maps every page now (`MappedFile::populate`), telling `read` the bytes of each piece
+    /// as it goes, for a loader that uses the tensors where they lie: no page faults in the
+    /// first prompt. Not for one that converts them (quantizing at load), which reads each
+    /// tensor once and drops its pages: populating first would hold the whole file in
+    /// memory beside what it makes.
+    pub fn populate(&self, read: impl FnMut(u64)) {
         // SAFETY: `map` is the whole of the file's read-only private mapping.
-        unsafe { crate::files::populate_mapped(&self.map) }
+        unsafe { crate::files::populate_mapped_watched(&self.map, read) }
+    }
+
+    /// The file's length in bytes.
+    pub fn size(&self) -> u64 {
+        self.map.len() as u64
     }
 
     pub fn index(&self) -> &Index {

@@ -299,3 +299,87 @@ pub fn parse_response(bytes: &[u8]) -> Option<RawResponse> {
     }
     Some(RawResponse { status, head, body })
 }
+
+impl Server {
+    /// `runtime serve` on `port` (a replica restarted at the address a load balancer has for
+    /// it), then waits for its address line and for `/health` to answer 200.
+    pub fn start_on_port(dir: &str, port: u16, extra: &[&str]) -> Self {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_runtime"))
+            .args(["serve", "--port", &port.to_string(), "--artifacts", dir])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .unwrap();
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let address = (line.trim().strip_prefix("listening on http://"))
+            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
+            .to_string();
+        let server = Self { child, address };
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while server.get("/health").0 != 200 {
+            assert!(Instant::now() < deadline, "not ready after 60 s");
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        server
+    }
+
+    /// The port it listens on.
+    pub fn port(&self) -> u16 {
+        let port = self.address.rsplit(':').next().unwrap();
+        port.parse().unwrap()
+    }
+}
+
+/// One request over a new connection to `address` (`Connection: close`), with `Host:
+/// address` unless `headers` give a `Host`; `None` if no whole response came within `wait`.
+pub fn request_to(
+    address: &str,
+    method: &str,
+    path: &str,
+    headers: &[&str],
+    body: &[u8],
+    wait: Duration,
+) -> Option<RawResponse> {
+    let mut head = format!("{method} {path} HTTP/1.1\r\nConnection: close\r\n");
+    if !headers
+        .iter()
+        .any(|h| h.to_ascii_lowercase().starts_with("host:"))
+    {
+        head.push_str(&format!("Host: {address}\r\n"));
+    }
+    if !body.is_empty() {
+        head.push_str("Content-Type: application/json\r\n");
+        head.push_str(&format!("Content-Length: {}\r\n", body.len()));
+    }
+    for header in headers {
+        head.push_str(header);
+        head.push_str("\r\n");
+    }
+    head.push_str("\r\n");
+    let mut stream = TcpStream::connect(address).ok()?;
+    stream.write_all(head.as_bytes()).ok()?;
+    stream.write_all(body).ok()?;
+    read_response(&mut stream, wait)
+}
+
+/// A counter or gauge from `runtime serve`'s `/metrics` at `address`.
+pub fn metric(address: &str, name: &str) -> u64 {
+    let response = request_to(
+        address,
+        "GET",
+        "/metrics",
+        &[],
+        b"",
+        Duration::from_secs(10),
+    )
+    .unwrap_or_else(|| panic!("no /metrics from {address}"));
+    let text = String::from_utf8_lossy(&response.body);
+    let line = (text.lines())
+        .find_map(|line| line.strip_prefix(name)?.strip_prefix(' '))
+        .unwrap_or_else(|| panic!("no {name} in {text}"));
+    line.trim().parse().unwrap()
+}

@@ -279,7 +279,7 @@ impl Constrained {
 fn parent_streams(cli: &Cli) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = cli.threads.first().copied().unwrap_or(cores);
-    let (date, load, host) = (utc_now(), load_average(), host(cores));
+    let (date, load_average, host) = (utc_now(), load_average(), host(cores));
     let bandwidth = read_bandwidth_gb_s(cores);
     eprintln!("read bandwidth: {bandwidth:.1} GB/s ({cores} threads, best of 3 passes over 1 GiB)");
     let engines: Vec<Engine> = (cli.backends.iter().map(|b| Engine::Ours(b.name())))
@@ -344,7 +344,7 @@ fn parent_streams(cli: &Cli) -> Result<()> {
                 "engine": name, "kind": engine.kind(), "threads": threads, "runs": cli.runs,
                 "streams": n, "aggregate_tok_s": total, "ttft_ms": ttft_ms, "weights": weights,
                 "kv_cache": kv_cache, "matmul": matmul, "read_bandwidth_gb_s": bandwidth,
-                "host": host, "date": date, "load_average": load,
+                "host": host, "date": date, "load_average": load_average,
             }));
         }
     }
@@ -480,7 +480,7 @@ fn parent(cli: &Cli) -> Result<()> {
     } else {
         cli.threads.clone()
     };
-    let (date, load, host) = (utc_now(), load_average(), host(cores));
+    let (date, load_average, host) = (utc_now(), load_average(), host(cores));
     let bandwidth = read_bandwidth_gb_s(cores);
     eprintln!("read bandwidth: {bandwidth:.1} GB/s ({cores} threads, best of 3 passes over 1 GiB)");
     let tg = match cli.depth {
@@ -539,7 +539,7 @@ fn parent(cli: &Cli) -> Result<()> {
             "weights": weights, "kv_cache": kv_cache, "matmul": matmul,
             "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth, "host": host,
             "tg_bound_tok_s": bound, "tg_percent_of_bound": percent, "kind": engine.kind(),
-            "date": date, "load_average": load,
+            "date": date, "load_average": load_average,
         }));
     }
     for line in json_lines {

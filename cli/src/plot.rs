@@ -51,7 +51,8 @@ pub struct Run {
     pub host: Host,
     /// When the bench started, UTC (`2026-11-25T06:40:12Z`).
     pub date: String,
-    /// The machine's 1-minute load average then (the bench's own runs not yet started).
+    /// The machine's 1-minute load average then: in the lines, not the captions, since
+    /// benches run back to back count the previous one's load.
     pub load_average: Option<f64>,
 }
 
@@ -305,18 +306,12 @@ impl Caption {
         let threads = distinct(runs.iter().map(|r| r.threads.to_string()).collect());
         let counts = distinct(runs.iter().map(|r| r.runs.to_string()).collect());
         let bandwidth = range(runs.iter().map(|r| r.read_bandwidth_gb_s).collect(), "GB/s");
-        // Another process's load slows both engines, llama.cpp's spinning threads the most.
-        let loads: Vec<f64> = runs.iter().filter_map(|r| r.load_average).collect();
-        let load = match loads.is_empty() {
-            true => String::new(),
-            false => format!(", load average {} at start", range(loads, "").trim_end()),
-        };
         let medians = match counts.as_str() {
             "1" => "one run each".to_string(),
             counts => format!("medians of {counts} runs"),
         };
         let conditions = format!(
-            "kernels {}, read bandwidth {bandwidth}, {threads} threads, {medians}, {days}{load}",
+            "kernels {}, read bandwidth {bandwidth}, {threads} threads, {medians}, {days}",
             host.kernels
         );
         Some(Caption {
@@ -473,12 +468,10 @@ fn bar_panel(
         .y_label_formatter(&name)
         .label_style((FONT, 13))
         .draw()?;
-    let mut nth = BTreeMap::<bool, usize>::new();
     for (i, &(_, kind, value)) in bars.iter().enumerate() {
         let y = (n - 1 - i) as f64;
-        let counter = nth.entry(kind == Kind::Ours).or_default();
-        let color = color(kind, *counter);
-        *counter += 1;
+        // One colour per side: the labels already name the weights.
+        let color = color(kind, 0);
         let bar = Rectangle::new([(0.0, y - 0.35), (value, y + 0.35)], color.filled());
         let shown = if value < 100.0 {
             format!(" {value:.1}")
@@ -547,7 +540,7 @@ mod tests {
         let bars = std::fs::read_to_string(figures.join("prompt-and-decode.svg")).unwrap();
         assert!(bars.contains("ours flex q8_0") && bars.contains("pp512"));
         let streams = std::fs::read_to_string(figures.join("streams.svg")).unwrap();
-        assert!(streams.contains("27.5 GB/s") && streams.contains("load average 3.5 at start"));
+        assert!(streams.contains("27.5 GB/s"));
     }
 
     #[test]

@@ -587,7 +587,8 @@ fn alternate<'a, C, T>(
 }
 
 /// The machine's 1-minute load average as the bench starts (/proc/loadavg): on a shared
-/// machine, whether others were running beside it, which the figures cannot show.
+/// machine, a hint of whether others were running beside it (a bench started right after
+/// another counts that one's load too).
 fn load_average() -> Option<f64> {
     let text = std::fs::read_to_string("/proc/loadavg").ok()?;
     text.split_whitespace().next()?.parse().ok()

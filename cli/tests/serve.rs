@@ -614,7 +614,7 @@ fn malformed_requests_get_status_and_envelope() {
         ),
         ("GET", chat_path, String::new(), 405, "method"),
         ("POST", "/v1/nothing", "{}".into(), 404, "no such route"),
-        ("GET", "/", String::new(), 404, "no such route"),
+        ("GET", "/index.html", String::new(), 404, "no such route"),
     ];
     assert!(cases.len() >= 20);
     for (method, path, body, status, expected) in &cases {

@@ -229,6 +229,8 @@ function addMessage(role, text) {
     view.append(copy);
   }
   $("log").append(view);
+  // A new turn is always brought into view.
+  $("log").scrollTop = $("log").scrollHeight;
   show(view, text, "");
   return view;
 }
@@ -236,6 +238,9 @@ function addMessage(role, text) {
 // The answer so far: its text kept whole in data-text (what Copy copies), rendered as
 // markdown, with a model's reasoning (`reasoning_content`) folded above it.
 function show(view, text, reasoning) {
+  const log = $("log");
+  // Follow the answer only if the person is at the bottom: not while they read above.
+  const following = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
   view.dataset.text = text;
   const body = view.querySelector(".body");
   body.replaceChildren();
@@ -249,8 +254,7 @@ function show(view, text, reasoning) {
   } else {
     body.append(markdown(text));
   }
-  const log = $("log");
-  log.scrollTop = log.scrollHeight;
+  if (following) log.scrollTop = log.scrollHeight;
 }
 
 function setBusy(controller) {

@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, artifact_dir, chat_body};
+use common::{Server, artifact_dir, chat_body, metric};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
@@ -174,15 +174,15 @@ fn api_answer(server: &Server, messages: &Value, max_tokens: usize, key: Option<
         .to_string()
 }
 
-/// A counter or gauge from the server's /metrics.
-fn metric(server: &Server, name: &str) -> f64 {
-    let (_, body) = server.get("/metrics");
-    let text = String::from_utf8(body).unwrap();
-    text.lines()
-        .find_map(|line| line.strip_prefix(&format!("{name} ")))
-        .unwrap_or_else(|| panic!("no {name} in /metrics"))
-        .parse()
-        .unwrap()
+/// The page served by a new `runtime serve` (with `extra` options), open in a new headless
+/// browser: the server, the driver and the browser's profile live as long as the page.
+async fn open_page(dir: &str, extra: &[&str]) -> (Server, Driver, tempfile::TempDir, Client) {
+    let server = Server::start(dir, extra);
+    let driver = Driver::start();
+    let profile = tempfile::tempdir().unwrap();
+    let client = browser(&driver, profile.path()).await;
+    (client.goto(&format!("http://{}/", server.address)).await).expect("the page opens");
+    (server, driver, profile, client)
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -191,15 +191,8 @@ async fn the_page_answers_as_the_api_does_and_stop_cancels() {
     if !browser_available() {
         return;
     }
-    let server = Server::start(&dir, &[]);
-    let driver = Driver::start();
-    let profile = tempfile::tempdir().unwrap();
-    let client = browser(&driver, profile.path()).await;
+    let (server, _driver, _profile, client) = open_page(&dir, &[]).await;
     checked(&client, async {
-        client
-            .goto(&format!("http://{}/", server.address))
-            .await
-            .map_err(|e| e.to_string())?;
         let model = until(&client, "document.getElementById('model').textContent !== '…' && document.getElementById('model').textContent", Duration::from_secs(10)).await?;
         if model != json!("smollm2-135m-instruct") {
             return Err(format!("the page names the model {model}"));
@@ -234,21 +227,21 @@ async fn the_page_answers_as_the_api_does_and_stop_cancels() {
         fill(&client, "max-tokens", "2000").await?;
         fill(&client, "prompt", "Write a very long story about a dragon who learns to cook.\n").await?;
         until(&client, &format!("{LAST_ANSWER}?.dataset.text?.length > 20"), Duration::from_secs(60)).await?;
-        let cancelled_before = metric(&server, "runtime_requests_cancelled_total");
+        let cancelled_before = metric(&server.address, "runtime_requests_cancelled_total");
         click(&client, "stop").await?;
         until(&client, &format!("{LAST_ANSWER}.dataset.state === 'stopped'"), Duration::from_secs(5)).await?;
         let deadline = Instant::now() + Duration::from_secs(10);
-        while metric(&server, "runtime_requests_cancelled_total") != cancelled_before + 1.0
-            || metric(&server, "runtime_requests_running") != 0.0
+        while metric(&server.address, "runtime_requests_cancelled_total") != cancelled_before + 1
+            || metric(&server.address, "runtime_requests_running") != 0
         {
             if Instant::now() > deadline {
                 return Err("the server did not cancel the stopped request within 10 s".into());
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
-        let generated = metric(&server, "runtime_completion_tokens_total");
+        let generated = metric(&server.address, "runtime_completion_tokens_total");
         tokio::time::sleep(Duration::from_millis(500)).await;
-        if metric(&server, "runtime_completion_tokens_total") != generated {
+        if metric(&server.address, "runtime_completion_tokens_total") != generated {
             return Err("tokens are still being generated after Stop".into());
         }
         // The page is ready for the next question.
@@ -278,15 +271,8 @@ async fn the_page_asks_for_the_api_key_and_keeps_it_in_the_tab() {
     if !browser_available() {
         return;
     }
-    let server = Server::start(&dir, &["--api-key", "sesame"]);
-    let driver = Driver::start();
-    let profile = tempfile::tempdir().unwrap();
-    let client = browser(&driver, profile.path()).await;
+    let (server, _driver, _profile, client) = open_page(&dir, &["--api-key", "sesame"]).await;
     checked(&client, async {
-        client
-            .goto(&format!("http://{}/", server.address))
-            .await
-            .map_err(|e| e.to_string())?;
         // /v1/models answered 401: the page says so and shows the key's field.
         let error = until(&client, "!document.getElementById('key-box').hidden && document.getElementById('error').textContent", Duration::from_secs(10)).await?;
         if !error.as_str().unwrap_or_default().contains("API key") {
@@ -322,15 +308,8 @@ async fn markdown_renders_without_running_what_the_model_wrote() {
     if !browser_available() {
         return;
     }
-    let server = Server::start(&dir, &[]);
-    let driver = Driver::start();
-    let profile = tempfile::tempdir().unwrap();
-    let client = browser(&driver, profile.path()).await;
+    let (_server, _driver, _profile, client) = open_page(&dir, &[]).await;
     checked(&client, async {
-        client
-            .goto(&format!("http://{}/", server.address))
-            .await
-            .map_err(|e| e.to_string())?;
         until(
             &client,
             "typeof markdown === 'function'",

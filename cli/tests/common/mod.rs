@@ -32,7 +32,7 @@ pub struct Server {
 
 impl Server {
     pub fn start(dir: &str, extra: &[&str]) -> Self {
-        Self::spawn(Command::new(env!("CARGO_BIN_EXE_runtime")), dir, extra)
+        Self::spawn(Command::new(env!("CARGO_BIN_EXE_runtime")), dir, 0, extra)
     }
 
     pub fn request(
@@ -181,14 +181,14 @@ impl Server {
                 "sh",
             ])
             .arg(env!("CARGO_BIN_EXE_runtime"));
-        Self::spawn(shell, dir, extra)
+        Self::spawn(shell, dir, 0, extra)
     }
 
-    /// Runs `program serve` on a free port with `extra` options, then waits for its address
-    /// line and for `/health` to answer 200.
-    fn spawn(mut program: Command, dir: &str, extra: &[&str]) -> Self {
+    /// Runs `program serve` on `port` (0: a free one) with `extra` options, then waits for
+    /// its address line and for `/health` to answer 200.
+    fn spawn(mut program: Command, dir: &str, port: u16, extra: &[&str]) -> Self {
         let mut child = program
-            .args(["serve", "--port", "0", "--artifacts", dir])
+            .args(["serve", "--port", &port.to_string(), "--artifacts", dir])
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -304,27 +304,12 @@ impl Server {
     /// `runtime serve` on `port` (a replica restarted at the address a load balancer has for
     /// it), then waits for its address line and for `/health` to answer 200.
     pub fn start_on_port(dir: &str, port: u16, extra: &[&str]) -> Self {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_runtime"))
-            .args(["serve", "--port", &port.to_string(), "--artifacts", dir])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .unwrap();
-        let mut line = String::new();
-        BufReader::new(child.stdout.take().unwrap())
-            .read_line(&mut line)
-            .unwrap();
-        let address = (line.trim().strip_prefix("listening on http://"))
-            .unwrap_or_else(|| panic!("unexpected first line {line:?}"))
-            .to_string();
-        let server = Self { child, address };
-        let deadline = Instant::now() + Duration::from_secs(60);
-        while server.get("/health").0 != 200 {
-            assert!(Instant::now() < deadline, "not ready after 60 s");
-            std::thread::sleep(Duration::from_millis(50));
-        }
-        server
+        Self::spawn(
+            Command::new(env!("CARGO_BIN_EXE_runtime")),
+            dir,
+            port,
+            extra,
+        )
     }
 
     /// The port it listens on.

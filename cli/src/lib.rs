@@ -63,14 +63,17 @@ pub fn progress_bar(message: &str, len: u64, unit: &str) -> indicatif::ProgressB
         .with_message(message.to_string())
 }
 
-/// Runs `work`, handing it a [`runtime::load::Progress`] to count in; if it takes more than
+/// Runs `work`, handing it a [`runtime::weights::load::Progress`] to count in; if it takes more than
 /// a second, shows `message` with a bar of the weights' bytes read so far on stderr until it
 /// ends (only on a terminal).
-pub fn with_load_progress<T>(message: &str, work: impl FnOnce(&runtime::load::Progress) -> T) -> T {
+pub fn with_load_progress<T>(
+    message: &str,
+    work: impl FnOnce(&runtime::weights::load::Progress) -> T,
+) -> T {
     use std::sync::mpsc;
     use std::time::Duration;
 
-    let progress = std::sync::Arc::new(runtime::load::Progress::default());
+    let progress = std::sync::Arc::new(runtime::weights::load::Progress::default());
     if !shows_progress() {
         return work(&progress);
     }

@@ -12,7 +12,7 @@ use std::io::{BufReader, BufWriter, Read, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
-use runtime::sampling::log_partition;
+use runtime::generate::sampling::log_partition;
 
 const MAGIC: &[u8; 8] = b"LOGPROBS";
 

@@ -8,11 +8,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use anyhow::{Context, Result};
-use runtime::backend::KernelBackend;
-use runtime::cache::KvCache;
-use runtime::chat::{Message, render_in_child};
 use runtime::generate::{GenerateOptions, Generator};
-use runtime::tokenizer::{ContentSpecials, Tokenizer};
+use runtime::model::backend::KernelBackend;
+use runtime::model::cache::KvCache;
+use runtime::text::chat::{Message, render_in_child};
+use runtime::text::tokenizer::{ContentSpecials, Tokenizer};
 
 /// Runs the conversation on stdin and stdout until `/exit` or end of input.
 pub fn run<B: KernelBackend>(

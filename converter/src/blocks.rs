@@ -1,7 +1,7 @@
 //! blocks.safetensors: a quantized GGUF's projections as their ggml blocks, beside the
 //! checkpoint's f32 model.safetensors, which holds exactly the values they decode to.
 //! `import-gguf` writes it; `convert` stores each tensor of it verbatim in weights.bin
-//! (`runtime::weights_file::StoredBlocks`) once checked against the record, so a loaded
+//! (`runtime::weights::file::StoredBlocks`) once checked against the record, so a loaded
 //! model computes on the GGUF's own blocks.
 //!
 //! Each tensor is U8 `[d_out, row bytes]` under its Hugging Face name: a row is one output's
@@ -14,8 +14,8 @@ use std::ops::Range;
 use std::path::Path;
 
 use anyhow::{Context, Result, bail};
-use runtime::files::MappedFile;
-use runtime::quant::BlockType;
+use kernels::quant::BlockType;
+use runtime::util::files::MappedFile;
 use safetensors::{Dtype, SafeTensors};
 
 pub const FILE_NAME: &str = "blocks.safetensors";

@@ -15,10 +15,10 @@ use half::{bf16, f16};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 
-use runtime::artifact::is_plain_file_name;
-use runtime::files::read_text_bounded;
+use runtime::util::files::read_text_bounded;
+use runtime::weights::manifest::is_plain_file_name;
 
-use runtime::files::MappedFile;
+use runtime::util::files::MappedFile;
 
 use crate::names::Transform;
 

@@ -13,17 +13,21 @@ use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use runtime::artifact::{
-    CONFIG_FILE, FORMAT_VERSION, FileDigest, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE,
-    Manifest, OPTIONAL_FILES, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
+use runtime::model::config::{CONFIG_LIMIT, GenerationConfig, HfConfig, LlamaConfig, TokenIds};
+use runtime::model::llama::Llama;
+use runtime::model::params::{ParamInfo, params};
+use runtime::text::chat::{ChatError, ChatRequest};
+use runtime::text::tokenizer::{
+    TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer, TokenizerError,
 };
-use runtime::chat::{ChatError, ChatRequest};
-use runtime::config::{CONFIG_LIMIT, GenerationConfig, HfConfig, LlamaConfig, TokenIds};
-use runtime::files::read_bounded;
-use runtime::model::Llama;
-use runtime::params::{ParamInfo, params};
-use runtime::tokenizer::{TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer, TokenizerError};
-use runtime::weights_file::{self, RecordId, StoredBlocks};
+use runtime::util::file_names::{
+    CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
+    TOKENIZER_FILE, WEIGHTS_FILE,
+};
+use runtime::util::files::read_bounded;
+use runtime::weights;
+use runtime::weights::file::{RecordId, StoredBlocks};
+use runtime::weights::manifest::{FORMAT_VERSION, FileDigest, Manifest, OPTIONAL_FILES};
 use safetensors::Dtype;
 
 use crate::blocks::{self, BlocksFile};
@@ -130,7 +134,7 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
 
 /// Writes weights.bin into `staging`: the parameters `declared` laid out from the record
 /// just written there (`record`, its digest), as the runtime keeps them
-/// (`runtime::weights_file`), the projections of `blocks` as those blocks.
+/// (`runtime::weights::file`), the projections of `blocks` as those blocks.
 fn write_weights(
     staging: &Staging,
     declared: &[ParamInfo],
@@ -138,14 +142,14 @@ fn write_weights(
     blocks: &HashMap<String, StoredBlocks<'_>>,
     record: &FileDigest,
 ) -> Result<()> {
-    let written = runtime::record::Record::open(&staging.path(MODEL_FILE))
+    let written = runtime::weights::record::Record::open(&staging.path(MODEL_FILE))
         .map_err(|e| anyhow!("cannot read back the record: {e}"))?;
     let mut out = staging.create_file(WEIGHTS_FILE)?;
     let id = RecordId {
         bytes: record.bytes,
         sha256: record.sha256.clone(),
     };
-    weights_file::write(&written, id, declared, tied, blocks, &mut out).map_err(
+    weights::file::write(&written, id, declared, tied, blocks, &mut out).map_err(
         |e| match blocks.is_empty() {
             true => anyhow!(e),
             false => anyhow!(
@@ -225,7 +229,7 @@ fn kept_blocks<'a>(
     Ok(kept)
 }
 
-/// How a chat template is rendered to check it: `runtime::chat::render_isolated` in the
+/// How a chat template is rendered to check it: `runtime::text::chat::render_isolated` in the
 /// binary (a child process with capped memory), `ChatRequest::render` where that is enough.
 pub type Render = dyn Fn(&ChatRequest) -> Result<String, ChatError>;
 
@@ -236,7 +240,7 @@ pub type Render = dyn Fn(&ChatRequest) -> Result<String, ChatError>;
 pub fn check_side_files(dir: &Path, config: &LlamaConfig, render: &Render) -> Result<Tokenizer> {
     let generation = GenerationConfig::from_file(&dir.join(GENERATION_CONFIG_FILE))?;
     let tokenizer = Tokenizer::from_dir(dir)?;
-    tokenizer.check_fits(config)?;
+    tokenizer.check_fits(config.vocab_size)?;
     match tokenizer.chat_request(Some("You are a test."), "Hello") {
         Ok(request) => {
             render(&request)?;

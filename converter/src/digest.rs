@@ -4,9 +4,9 @@ use std::io::Read;
 use std::path::Path;
 
 use anyhow::{Context, Result};
-use runtime::artifact::{FileDigest, Probe};
-use runtime::files::open_regular;
-use runtime::tokenizer::{Tokenizer, TokenizerError};
+use runtime::text::tokenizer::{Tokenizer, TokenizerError};
+use runtime::util::files::open_regular;
+use runtime::weights::manifest::{FileDigest, Probe};
 use sha2::{Digest, Sha256};
 
 /// The text of the manifest's tokenizer probe: it touches the tricky parts (digits split

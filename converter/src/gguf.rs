@@ -13,7 +13,7 @@ use anyhow::{Context, Result, bail, ensure};
 
 pub use crate::quants::GgmlType;
 use crate::quants::dequantize;
-use runtime::files::MappedFile;
+use runtime::util::files::MappedFile;
 
 const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;

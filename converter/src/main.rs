@@ -35,7 +35,7 @@ enum Command {
         /// The artifact directory to write.
         out_dir: PathBuf,
     },
-    /// Internal: render a chat template request from stdin (see `runtime::chat`).
+    /// Internal: render a chat template request from stdin (see `runtime::text::chat`).
     #[command(hide = true)]
     RenderChat,
     /// Recompute an artifact's checksums and tokenizer probe and compare them with its
@@ -62,7 +62,7 @@ fn main() -> ExitCode {
 fn run(cli: Cli) -> Result<ExitCode> {
     let started = Instant::now();
     match cli.command {
-        Command::RenderChat => runtime::chat::serve()?,
+        Command::RenderChat => runtime::text::chat::serve()?,
         Command::ImportGguf { gguf, out_dir } => {
             import::import_gguf(&gguf, &out_dir)?;
             eprintln!(
@@ -73,7 +73,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
         Command::Convert { hf_dir, out_dir } => {
-            let manifest = convert::convert(&hf_dir, &out_dir, &runtime::chat::render_in_child)?;
+            let manifest =
+                convert::convert(&hf_dir, &out_dir, &runtime::text::chat::render_in_child)?;
             let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
             eprintln!(
                 "converted {} into {} ({} files, {:.1} MB) in {:.1} s",
@@ -85,8 +86,11 @@ fn run(cli: Cli) -> Result<ExitCode> {
             );
         }
         Command::Verify { out_dir, source } => {
-            let problems =
-                verify::verify(&out_dir, source.as_deref(), &runtime::chat::render_in_child)?;
+            let problems = verify::verify(
+                &out_dir,
+                source.as_deref(),
+                &runtime::text::chat::render_in_child,
+            )?;
             if !problems.is_empty() {
                 for problem in &problems {
                     eprintln!("mismatch: {problem}");

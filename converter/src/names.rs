@@ -3,7 +3,7 @@
 //! The runtime's module uses the checkpoint's own names, so the rules hold only what really
 //! differs: the `model.` prefix (all but `lm_head`), RmsNorm's `weight` called `gamma` in
 //! Burn, and Linear weights, which Burn stores as `[d_in, d_out]` (PyTorch: `[out, in]`).
-//! Which tensors a checkpoint must have comes from the model itself (`runtime::params`), so
+//! Which tensors a checkpoint must have comes from the model itself (`runtime::model::params`), so
 //! a new projection or bias in `model.rs` needs no edit here.
 //!
 //! No q/k permutation: the runtime's RoPE uses transformers' `rotate_half` layout, so q_proj
@@ -15,8 +15,8 @@
 
 use std::ops::Range;
 
-use runtime::config::LlamaConfig;
-use runtime::params::ParamInfo;
+use runtime::model::config::LlamaConfig;
+use runtime::model::params::ParamInfo;
 
 /// What happens to a tensor between the checkpoint and the record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

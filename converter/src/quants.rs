@@ -6,7 +6,7 @@
 
 use anyhow::{Result, bail, ensure};
 use half::f16;
-use runtime::quant::{BlockType, scale_min_k4};
+use kernels::quant::{BlockType, scale_min_k4};
 
 /// Values per super-block of the K-quants.
 const QK_K: usize = 256;
@@ -228,7 +228,7 @@ fn q3_k(block: &[u8], out: &mut Vec<f32>) {
 }
 
 /// `d: f16, dmin: f16, scales: [u8; 12], qh: [u8; 32], qs: [u8; 128]`: Q4_K
-/// (`runtime::quant`) with a fifth bit, bit `e / 32` of `qh[e % 32]`.
+/// (`kernels::quant`) with a fifth bit, bit `e / 32` of `qh[e % 32]`.
 fn q5_k(block: &[u8], out: &mut Vec<f32>) {
     let (d, dmin) = (half_at(block, 0), half_at(block, 2));
     let (scales, mins) = scale_min_k4(&block[4..16]);

@@ -17,9 +17,10 @@ use burn::module::{Module, ModuleMapper, Param, ParamId};
 use burn::record::{BurnRecord, FullPrecisionSettings, Record};
 use burn::tensor::{Tensor, TensorData};
 use indicatif::{ProgressBar, ProgressStyle};
-use runtime::artifact::{ArtifactRecorder, MODEL_FILE};
-use runtime::model::Llama;
-use runtime::params::FieldPath;
+use runtime::model::llama::Llama;
+use runtime::model::params::FieldPath;
+use runtime::util::file_names::MODEL_FILE;
+use runtime::weights::manifest::ArtifactRecorder;
 use sha2::{Digest, Sha256};
 
 use crate::checkpoint::Checkpoint;

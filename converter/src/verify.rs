@@ -3,8 +3,10 @@
 use std::path::Path;
 
 use anyhow::Result;
-use runtime::artifact::{CONFIG_FILE, FileDigest, Manifest, TOKENIZER_FILE, check_weights_file};
-use runtime::config::LlamaConfig;
+use runtime::model::config::LlamaConfig;
+use runtime::util::file_names::{CONFIG_FILE, TOKENIZER_FILE};
+use runtime::weights::artifact::check_weights_file;
+use runtime::weights::manifest::{FileDigest, Manifest};
 
 use crate::convert::{Render, check_side_files};
 use crate::digest::{digest_file, probe};

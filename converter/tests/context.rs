@@ -8,10 +8,10 @@ mod common;
 use std::path::Path;
 
 use runtime::FlexBackend;
-use runtime::cache::CacheError;
+use runtime::generate::sampling::SamplingParams;
 use runtime::generate::{GenerateError, GenerateOptions, Generator, StopReason};
-use runtime::sampling::SamplingParams;
-use runtime::tokenizer::Tokenizer;
+use runtime::model::cache::CacheError;
+use runtime::text::tokenizer::Tokenizer;
 use serde::Deserialize;
 
 const CONTEXT: usize = 16;

@@ -7,7 +7,7 @@ mod common;
 use burn::tensor::Tensor;
 use common::*;
 use runtime::FlexBackend;
-use runtime::artifact::load_model;
+use runtime::weights::artifact::load_model;
 use safetensors::Dtype;
 
 /// Shape and values; a matrix loaded as bf16 (a bf16 checkpoint's) widens exactly.

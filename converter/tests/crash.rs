@@ -11,7 +11,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use runtime::FlexBackend;
-use runtime::artifact::load_model;
+use runtime::weights::artifact::load_model;
 use safetensors::Dtype;
 
 /// Kill points per scenario, spread evenly over one uninterrupted conversion's duration.

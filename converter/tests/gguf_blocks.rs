@@ -19,12 +19,12 @@ use std::path::{Path, PathBuf};
 use common::{converter, logits};
 use converter::gguf::Gguf;
 use converter::import::hf_name;
+use kernels::quant::BlockType;
 use runtime::FlexBackend;
-use runtime::artifact::WEIGHTS_FILE;
 use runtime::generate::Generator;
-use runtime::load::Weights;
-use runtime::quant::BlockType;
-use runtime::weights_file::{Dtype, WeightsFile};
+use runtime::util::file_names::WEIGHTS_FILE;
+use runtime::weights::file::{Dtype, WeightsFile};
+use runtime::weights::layout::Weights;
 
 fn data_dir(name: &str) -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))

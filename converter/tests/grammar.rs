@@ -10,10 +10,10 @@ mod common;
 use std::path::Path;
 
 use runtime::FlexBackend;
+use runtime::generate::sampling::SamplingParams;
 use runtime::generate::{GenerateOptions, Generator, StopReason};
-use runtime::grammar::{Grammar, Grammars};
-use runtime::sampling::SamplingParams;
-use runtime::tokenizer::Tokenizer;
+use runtime::text::grammar::{Grammar, Grammars};
+use runtime::text::tokenizer::Tokenizer;
 use serde::Deserialize;
 use serde_json::Value;
 

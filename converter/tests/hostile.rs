@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
-use runtime::chat::cap_address_space;
+use runtime::text::chat::cap_address_space;
 use serde_json::json;
 
 /// Address-space cap: the inputs are a few KB; a real mistake asks for gigabytes.

@@ -14,8 +14,8 @@ use std::process::Command;
 
 use common::*;
 use runtime::FlexBackend;
-use runtime::artifact::load_model;
-use runtime::chat::cap_address_space;
+use runtime::text::chat::cap_address_space;
+use runtime::weights::artifact::load_model;
 use safetensors::Dtype;
 use serde_json::json;
 

@@ -11,8 +11,8 @@
 
 mod common;
 
-use runtime::backend::KernelBackend;
 use runtime::generate::Generator;
+use runtime::model::backend::KernelBackend;
 use runtime::{FlexBackend, NdArrayBackend};
 use serde::Deserialize;
 

@@ -7,9 +7,10 @@ mod common;
 use std::path::Path;
 
 use common::{converted_tiny, converter, drop_weights_file, logits, write_json};
-use runtime::artifact::{WEIGHTS_FILE, load_model};
 use runtime::generate::Generator;
-use runtime::load::Weights;
+use runtime::util::file_names::WEIGHTS_FILE;
+use runtime::weights::artifact::load_model;
+use runtime::weights::layout::Weights;
 use runtime::{FlexBackend, NdArrayBackend};
 
 fn data_dir(name: &str) -> std::path::PathBuf {

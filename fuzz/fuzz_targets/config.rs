@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use runtime::config::{HfConfig, LlamaConfig};
+use runtime::model::config::{HfConfig, LlamaConfig};
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(hf) = serde_json::from_slice::<HfConfig>(data) {

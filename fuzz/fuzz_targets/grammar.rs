@@ -8,9 +8,9 @@
 use std::sync::OnceLock;
 
 use libfuzzer_sys::fuzz_target;
-use runtime::grammar::Grammars;
-use runtime::tokenizer::Tokenizer;
-use runtime::tools::Format;
+use runtime::text::grammar::Grammars;
+use runtime::text::tokenizer::Tokenizer;
+use runtime::text::tools::Format;
 
 const TOKENIZER: &[u8] = include_bytes!("../../converter/tests/data/tiny-llama3/tokenizer.json");
 const VOCAB: usize = 384;

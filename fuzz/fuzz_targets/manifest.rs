@@ -2,7 +2,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use runtime::artifact::Manifest;
+use runtime::weights::manifest::Manifest;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(manifest) = serde_json::from_slice::<Manifest>(data) {

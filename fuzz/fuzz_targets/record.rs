@@ -3,7 +3,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use runtime::record::Record;
+use runtime::weights::record::Record;
 
 fuzz_target!(|data: &[u8]| {
     // The reader maps a file: each input is written to one, per process.

@@ -4,7 +4,7 @@
 #![no_main]
 
 use libfuzzer_sys::fuzz_target;
-use runtime::tokenizer::Tokenizer;
+use runtime::text::tokenizer::Tokenizer;
 
 const TEXT: &str = "Hello, world! 12345 日本語 🦀 \n\n  tabs\there <|im_start|>user aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa!";
 

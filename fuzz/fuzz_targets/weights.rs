@@ -6,11 +6,11 @@
 
 use libfuzzer_sys::fuzz_target;
 use runtime::FlexBackend;
-use runtime::config::LlamaConfig;
-use runtime::load::{Source, Weights, check_laid_out, load_into};
-use runtime::params::params;
-use runtime::quant::BlockType;
-use runtime::weights_file::WeightsFile;
+use runtime::model::config::LlamaConfig;
+use runtime::weights::load::{Source, Weights, check_laid_out, load_into};
+use runtime::model::params::params;
+use kernels::quant::BlockType;
+use runtime::weights::file::WeightsFile;
 
 fuzz_target!(|data: &[u8]| {
     // The reader maps a file: each input is written to one, per process.

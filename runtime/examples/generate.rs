@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use runtime::generate::{GenerateOptions, Generator};
-use runtime::{FlexBackend, sampling::SamplingParams, tokenizer::Tokenizer};
+use runtime::{FlexBackend, generate::sampling::SamplingParams, text::tokenizer::Tokenizer};
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);

@@ -1,16 +1,21 @@
 //! Minimal runtime for Llama-family models converted to Burn records by `converter`.
 //!
 //! Data flows one way: Hugging Face checkpoint → `converter` → artifact directory
-//! ([`artifact`]) → [`generate::Generator`], which runs [`model::Llama`]. Modules depend
-//! downwards only (docs/ARCHITECTURE.md): [`quant`] (ggml blocks) ← [`kernels`] (slices) ←
-//! [`backend`] (Burn) ← [`cache`] ← [`model`] ← [`generate`] ← the binaries.
+//! ([`weights::artifact`]) → [`generate::Generator`], which runs [`model::llama::Llama`].
+//! The crate is in layers, each a folder that uses only the ones before it:
+//! - [`util`]: reading files within limits, the artifact's file names, panics as errors.
+//! - [`text`]: tokenizer, chat templates, grammars, tool calls, reasoning; no Burn type.
+//! - [`model`]: config.json, the Burn module and its backends over the `kernels` crate,
+//!   the KV cache.
+//! - [`weights`]: the artifact's manifest, the record, the weights file, loading.
+//! - [`generate`]: the generator, its sequences, sampling, scoring.
 //!
 //! Generating text from a converted model:
 //!
 //! ```no_run
 //! use std::path::Path;
 //! use runtime::generate::{GenerateOptions, Generator};
-//! use runtime::{FlexBackend, sampling::SamplingParams, tokenizer::Tokenizer};
+//! use runtime::{FlexBackend, generate::sampling::SamplingParams, text::tokenizer::Tokenizer};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let dir = Path::new("artifacts/smollm2-135m-instruct");
@@ -34,32 +39,13 @@
 //!
 //! `runtime/examples/generate.rs` is this as a program.
 
-pub mod artifact;
-pub mod backend;
-pub mod cache;
-pub mod chat;
-pub mod config;
-pub mod files;
+// Layers, lowest first: each uses only those before it (docs/ARCHITECTURE.md; checked by
+// scripts/check_layers.py). The kernels are a crate of their own, below them all.
 pub mod generate;
-pub mod grammar;
-pub mod kernels;
-pub mod layout;
-pub mod load;
 pub mod model;
-mod panics;
-pub mod params;
-pub mod quant;
-pub mod reasoning;
-pub mod record;
-pub mod rope;
-pub mod sampling;
-pub mod tokenizer;
-pub mod tools;
-mod trim;
-pub mod weights_file;
-
-#[cfg(test)]
-mod testing;
+pub mod text;
+pub mod util;
+pub mod weights;
 
 /// The default CPU backend: burn-flex (gemm-based), with this crate's fused kernels.
 pub type FlexBackend = burn_flex::Flex<f32>;

@@ -6,7 +6,7 @@
 //! runtime/tests/data/chat-tools/renders.json (made by scripts/make_chat_tool_goldens.py;
 //! its README says from which versions and sources).
 
-use runtime::chat::{ChatRequest, Message};
+use runtime::text::chat::{ChatRequest, Message};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 

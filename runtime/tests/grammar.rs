@@ -10,10 +10,10 @@
 use std::path::PathBuf;
 
 use runtime::FlexBackend;
+use runtime::generate::sampling::SamplingParams;
 use runtime::generate::{GenerateOptions, Generator, StopReason};
-use runtime::grammar::{Grammar, Grammars};
-use runtime::sampling::SamplingParams;
-use runtime::tokenizer::Tokenizer;
+use runtime::text::grammar::{Grammar, Grammars};
+use runtime::text::tokenizer::Tokenizer;
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -60,11 +60,11 @@ fn options(grammar: Option<Grammar>, temperature: f32, seed: u64, max: usize) ->
 
 /// A chat prompt asking for JSON.
 fn prompt(tokenizer: &Tokenizer, text: &str) -> Vec<u32> {
-    let messages = vec![runtime::chat::Message::new(
+    let messages = vec![runtime::text::chat::Message::new(
         "user",
         format!("{text} Answer in JSON."),
     )];
-    let render = |request: &runtime::chat::ChatRequest| request.render();
+    let render = |request: &runtime::text::chat::ChatRequest| request.render();
     tokenizer
         .encode_messages(messages, &render, Default::default())
         .unwrap()

@@ -8,13 +8,13 @@
 
 use std::path::{Path, PathBuf};
 
+use kernels::int8;
+use kernels::quant::BlockType;
 use runtime::FlexBackend;
-use runtime::backend::Matmul;
 use runtime::generate::Generator;
-use runtime::kernels::int8;
-use runtime::load::Weights;
-use runtime::quant::BlockType;
-use runtime::sampling::log_partition;
+use runtime::generate::sampling::log_partition;
+use runtime::model::backend::Matmul;
+use runtime::weights::layout::Weights;
 use serde::Deserialize;
 
 /// Perplexity of the int8 path against llama.cpp's on the same weights: within 0.5%
@@ -139,7 +139,7 @@ fn int8_products_stay_near_the_exact_ones() {
         return;
     };
     let text = std::fs::read_to_string(dir.join("../../runtime/tests/data/ppl_text.txt"));
-    let tokenizer = runtime::tokenizer::Tokenizer::from_dir(&dir).unwrap();
+    let tokenizer = runtime::text::tokenizer::Tokenizer::from_dir(&dir).unwrap();
     let mut ids = tokenizer.encode(&text.unwrap()).unwrap();
     ids.truncate(512);
     for ty in ["q8_0", "q4_0", "q4_k", "q6_k"] {

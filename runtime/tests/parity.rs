@@ -14,11 +14,11 @@
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
-use runtime::cache::KvDtype;
+use runtime::generate::sampling::SamplingParams;
 use runtime::generate::{GenerateOptions, Generator, StopReason};
-use runtime::load::Weights;
-use runtime::sampling::SamplingParams;
-use runtime::tokenizer::Tokenizer;
+use runtime::model::cache::KvDtype;
+use runtime::text::tokenizer::Tokenizer;
+use runtime::weights::layout::Weights;
 use runtime::{FlexBackend, NdArrayBackend};
 use serde::Deserialize;
 

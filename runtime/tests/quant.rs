@@ -1,4 +1,4 @@
-//! The runtime's ggml blocks (`runtime::quant`) against gguf-py, and the kernels over them
+//! The runtime's ggml blocks (`kernels::quant`) against gguf-py, and the kernels over them
 //! against the same kernels over the values the blocks decode to.
 //!
 //! Fixtures in tests/data/quant, made by scripts/quant_blocks_oracle.py:
@@ -29,12 +29,12 @@
 use std::path::PathBuf;
 
 use half::f16;
-use runtime::kernels::int8::Matmul;
-use runtime::kernels::linear::linear_rows;
-use runtime::kernels::matvec::{Rows, matvecs};
-use runtime::kernels::team;
-use runtime::layout;
-use runtime::quant::BlockType;
+use kernels::int8::Matmul;
+use kernels::linear::linear_rows;
+use kernels::matvec::{Rows, matvecs};
+use kernels::quant::BlockType;
+use kernels::team;
+use runtime::weights::layout;
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -407,7 +407,7 @@ fn matvecs_equal_over_decoded_values(ty: BlockType, seed: u64) {
 fn int8_batches_equal_each_alone(ty: BlockType, seed: u64) {
     let mut next = random(seed);
     for &d_in in widths(ty) {
-        if !runtime::kernels::int8::runs(ty, d_in) {
+        if !kernels::int8::runs(ty, d_in) {
             eprintln!("skipped {ty} x {d_in}: no int8 kernel here");
             continue;
         }

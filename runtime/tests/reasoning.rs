@@ -2,7 +2,7 @@
 //! the stream. The answers are written by hand in the shape Qwen3 and SmolLM3 write them
 //! (`<think>\n...\n</think>\n\n` then the reply); none could be recorded here (no hub).
 
-use runtime::reasoning::{Part, Splitter};
+use runtime::text::reasoning::{Part, Splitter};
 
 /// (answer, reasoning, reply).
 const CASES: &[(&str, Option<&str>, Option<&str>)] = &[

@@ -13,8 +13,8 @@
 
 use std::path::{Path, PathBuf};
 
-use runtime::chat::{ChatRequest, Message};
-use runtime::tokenizer::{ContentSpecials, Tokenizer};
+use runtime::text::chat::{ChatRequest, Message};
+use runtime::text::tokenizer::{ContentSpecials, Tokenizer};
 use serde_json::{Value, json};
 
 /// Llama 3.1's template without its tool branches.

@@ -9,7 +9,7 @@
 
 use std::path::PathBuf;
 
-use runtime::tokenizer::Tokenizer;
+use runtime::text::tokenizer::Tokenizer;
 use serde::Deserialize;
 
 #[derive(Deserialize)]

@@ -5,7 +5,7 @@
 //! teach (runtime/tests/data/chat-tools), as those models write them (whitespace and key
 //! order included); no model output could be recorded here (no hub access).
 
-use runtime::tools::{Call, Delta, Format, Parser};
+use runtime::text::tools::{Call, Delta, Format, Parser};
 
 fn names() -> Vec<String> {
     ["get_weather", "search", "noop"].map(String::from).to_vec()

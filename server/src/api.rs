@@ -3,10 +3,10 @@
 //! (400) rather than ignored: a client that asks for `n: 3` or tools must not get one plain
 //! answer as if that were what it asked for.
 
-use runtime::chat::{FunctionCall, Message, ToolCall};
-use runtime::grammar::Grammar;
-use runtime::sampling::SamplingParams;
-use runtime::tools::{Format, Tool};
+use runtime::generate::sampling::SamplingParams;
+use runtime::text::chat::{FunctionCall, Message, ToolCall};
+use runtime::text::grammar::Grammar;
+use runtime::text::tools::{Format, Tool};
 use serde::Deserialize;
 use serde_json::{Map, Value};
 

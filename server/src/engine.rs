@@ -7,7 +7,7 @@
 //! Requests beyond `parallel` wait in the queue (the channel) in arrival order; a request
 //! whose client has gone (its event receiver dropped) is dropped before its next token.
 //!
-//! A sequence's KV cache grows as its positions fill (`runtime::cache`). Each finished
+//! A sequence's KV cache grows as its positions fill (`runtime::model::cache`). Each finished
 //! sequence's cache is kept with the ids it holds, within a memory budget (least recently
 //! used dropped first); a new request starts from the kept cache of its scope sharing the
 //! longest prefix with its prompt (the next turn of a conversation), so only what is new
@@ -22,14 +22,14 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
 use std::time::Instant;
 
-use runtime::backend::KernelBackend;
-use runtime::cache::KvCache;
+use runtime::generate::sampling::TokenLogprob;
 use runtime::generate::{
     GenerateError, GenerateOptions, Generator, Sequence, StopReason, common_prefix,
 };
-use runtime::grammar::Constraint;
-use runtime::sampling::TokenLogprob;
-use runtime::tokenizer::Tokenizer;
+use runtime::model::backend::KernelBackend;
+use runtime::model::cache::KvCache;
+use runtime::text::grammar::Constraint;
+use runtime::text::tokenizer::Tokenizer;
 use tokio::sync::mpsc::UnboundedSender;
 
 /// Prompts are prefilled a piece at a time, between decoding steps and admissions, so that

@@ -23,10 +23,10 @@ use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, OnceLock, mpsc};
 use std::time::{Duration, Instant};
 
-use runtime::backend::KernelBackend;
 use runtime::generate::Generator;
-use runtime::grammar::{GrammarError, Grammars};
-use runtime::tokenizer::{ContentSpecials, Tokenizer};
+use runtime::model::backend::KernelBackend;
+use runtime::text::grammar::{GrammarError, Grammars};
+use runtime::text::tokenizer::{ContentSpecials, Tokenizer};
 
 use crate::engine::{Engine, Job, Metrics};
 

@@ -13,11 +13,11 @@ use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
-use runtime::chat::ChatRequest;
 use runtime::generate::GenerateOptions;
-use runtime::grammar::{Constraint, Grammar, GrammarError, Grammars};
-use runtime::tokenizer::{ContentSpecials, Tokenizer, TokenizerError};
-use runtime::tools::Format;
+use runtime::text::chat::ChatRequest;
+use runtime::text::grammar::{Constraint, Grammar, GrammarError, Grammars};
+use runtime::text::tokenizer::{ContentSpecials, Tokenizer, TokenizerError};
+use runtime::text::tools::Format;
 use serde_json::json;
 use tokio::sync::mpsc as async_mpsc;
 

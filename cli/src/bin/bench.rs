@@ -26,14 +26,14 @@ use std::time::{Instant, SystemTime};
 use anyhow::{Context, Result, bail};
 use clap::Parser;
 use cli::BackendKind;
-use runtime::backend::{KernelBackend, Matmul};
-use runtime::cache::KvDtype;
 use runtime::generate::Generator;
-use runtime::grammar::{Constraint, Grammar, Grammars};
-use runtime::load::Weights;
-use runtime::params::params;
-use runtime::sampling::argmax;
-use runtime::tokenizer::Tokenizer;
+use runtime::generate::sampling::argmax;
+use runtime::model::backend::{KernelBackend, Matmul};
+use runtime::model::cache::KvDtype;
+use runtime::model::params::params;
+use runtime::text::grammar::{Constraint, Grammar, Grammars};
+use runtime::text::tokenizer::Tokenizer;
+use runtime::weights::layout::Weights;
 use runtime::{FlexBackend, NdArrayBackend};
 use serde::{Deserialize, Serialize};
 
@@ -675,8 +675,8 @@ fn host(cores: usize) -> serde_json::Value {
     let cpu = (info.lines())
         .find_map(|line| line.strip_prefix("model name")?.split_once(':'))
         .map_or("unknown".into(), |(_, name)| name.trim().to_string());
-    let features = runtime::kernels::simd::cpu_features().join(" ");
-    let kernels = runtime::kernels::simd::tier();
+    let features = kernels::cpu::cpu_features().join(" ");
+    let kernels = kernels::cpu::tier();
     eprintln!("host: {cpu}, {cores} cores; {features}; kernels: {kernels}");
     serde_json::json!({"cpu": cpu, "cores": cores, "features": features, "kernels": kernels})
 }

@@ -10,14 +10,14 @@ use anyhow::{Context, Result, bail};
 use clap::{Args, Parser, Subcommand};
 use cli::BackendKind;
 use cli::logprobs::{Logprobs, divergence};
-use runtime::backend::{KernelBackend, Matmul};
-use runtime::cache::KvDtype;
-use runtime::files;
+use runtime::generate::sampling::{SamplingParams, defaults};
 use runtime::generate::{GenerateOptions, Generation, Generator};
-use runtime::grammar::Grammar;
-use runtime::load::Weights;
-use runtime::sampling::{SamplingParams, defaults};
-use runtime::tokenizer::{ContentSpecials, Tokenizer};
+use runtime::model::backend::{KernelBackend, Matmul};
+use runtime::model::cache::KvDtype;
+use runtime::text::grammar::Grammar;
+use runtime::text::tokenizer::{ContentSpecials, Tokenizer};
+use runtime::util::files;
+use runtime::weights::layout::Weights;
 use runtime::{FlexBackend, NdArrayBackend};
 use serde_json::json;
 
@@ -44,7 +44,7 @@ enum Command {
     /// Serve OpenAI's API over HTTP: /v1/chat/completions, /v1/completions, /v1/models,
     /// /health, /metrics.
     Serve(ServeArgs),
-    /// Internal: render a chat template request from stdin (see `runtime::chat`).
+    /// Internal: render a chat template request from stdin (see `runtime::text::chat`).
     #[command(hide = true)]
     RenderChat,
 }
@@ -341,7 +341,7 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
     let common = match &cli.command {
         Some(Command::Perplexity(args)) => &args.common,
         Some(Command::Chat(args)) => &args.common,
-        Some(Command::RenderChat) => return Ok(runtime::chat::serve()?),
+        Some(Command::RenderChat) => return Ok(runtime::text::chat::serve()?),
         Some(Command::Serve(args)) => return serve(args),
         None => &cli.generate.common,
     };
@@ -380,7 +380,7 @@ fn serve(args: &ServeArgs) -> Result<()> {
         .map_or("model".into(), |name| name.to_string_lossy().into_owned());
     let cache_budget = match args.cache_ram {
         Some(mib) => mib.saturating_mul(1 << 20),
-        None => runtime::cache::available_memory()
+        None => runtime::model::cache::available_memory()
             .map_or(1 << 30, |a| a / 4)
             .min(8 << 30),
     };
@@ -433,7 +433,7 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     generator.kv_dtype = common.kv_cache;
     generator.matmul = common.matmul;
     if common.matmul == Matmul::Int8 {
-        if !runtime::kernels::int8::available() {
+        if !kernels::int8::available() {
             eprintln!("note: this CPU has no AVX-512 VNNI: --matmul int8 runs the exact products");
         } else if generator.kept.blocks == 0 {
             eprintln!(
@@ -449,7 +449,7 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
         );
     }
     let mut tokenizer = Tokenizer::from_dir(dir)?;
-    tokenizer.check_fits(&generator.config)?;
+    tokenizer.check_fits(generator.config.vocab_size)?;
     if let Some(path) = &common.chat_template {
         let template = std::fs::read_to_string(path)
             .with_context(|| format!("cannot read the chat template {}", path.display()))?;
@@ -474,14 +474,17 @@ fn specials(live: bool) -> ContentSpecials {
 /// (one block of positions) in the memory available: caches grow as they fill, so this is
 /// the least `--parallel` requests need, not the most.
 fn check_parallel(common: &CommonArgs, parallel: usize) -> Result<()> {
-    let path = common.artifacts.join(runtime::artifact::CONFIG_FILE);
+    let path = common
+        .artifacts
+        .join(runtime::util::file_names::CONFIG_FILE);
     // An unreadable config is the loader's to report, with the rest of the artifact.
-    let Ok(config) = runtime::config::LlamaConfig::from_file(&path) else {
+    let Ok(config) = runtime::model::config::LlamaConfig::from_file(&path) else {
         return Ok(());
     };
-    let blocks = runtime::cache::bytes_for(&config, runtime::cache::BLOCK, common.kv_cache)
-        .saturating_mul(parallel as u64);
-    match runtime::cache::available_memory() {
+    let blocks =
+        runtime::model::cache::bytes_for(&config, runtime::model::cache::BLOCK, common.kv_cache)
+            .saturating_mul(parallel as u64);
+    match runtime::model::cache::available_memory() {
         Some(available) if blocks > available => bail!(
             "--parallel {parallel} needs {} MB for the KV caches of {parallel} short requests, more than the {} MB available; ask for fewer",
             blocks >> 20,
@@ -531,7 +534,7 @@ fn generate<B: KernelBackend>(args: &GenerateArgs, started: Instant) -> Result<(
         // thing rendering it in this process can't bound.
         let request = tokenizer.chat_request(args.system.as_deref(), &prompt)?;
         let specials = specials(args.special_in_content);
-        tokenizer.encode_request(&request, &runtime::chat::render_in_child, specials)?
+        tokenizer.encode_request(&request, &runtime::text::chat::render_in_child, specials)?
     } else {
         tokenizer.encode(&prompt)?
     };

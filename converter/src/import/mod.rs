@@ -6,7 +6,7 @@
 //!
 //! A GGUF whose projections are all F32, F16, BF16 or of a type the runtime does not keep
 //! as blocks becomes a bf16 checkpoint (as published checkpoints are; quantized values are
-//! rounded). One with a projection of a type the runtime keeps (`runtime::quant::BlockType`:
+//! rounded). One with a projection of a type the runtime keeps (`kernels::quant::BlockType`:
 //! Q8_0, Q4_0, Q5_0, Q4_K, Q6_K) becomes an f32 checkpoint holding every value exactly as
 //! dequantized, with those projections' blocks verbatim beside it in blocks.safetensors
 //! (`crate::blocks`), which `convert` stores in weights.bin: the record holds exactly what
@@ -20,7 +20,7 @@ use std::path::Path;
 use anyhow::{Context, Result, bail, ensure};
 use half::bf16;
 use indicatif::{ProgressBar, ProgressStyle};
-use runtime::quant::BlockType;
+use kernels::quant::BlockType;
 use safetensors::{Dtype, tensor::View};
 use serde_json::{Value as Json, json};
 

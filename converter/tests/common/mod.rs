@@ -354,7 +354,7 @@ pub fn tiny_gguf_metadata(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder
 
 /// Logits of a 40-token prompt at every position, then of 8 tokens decoded one at a time,
 /// as bits.
-pub fn logits<B: runtime::backend::KernelBackend>(
+pub fn logits<B: runtime::model::backend::KernelBackend>(
     generator: &runtime::generate::Generator<B>,
 ) -> Vec<u32> {
     let vocab = generator.config.vocab_size as u32;

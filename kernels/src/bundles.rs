@@ -1,0 +1,454 @@
+//! Matrix-vector products four rows at a time ("bundles") over f32, bf16 or ggml-block
+//! weights, for one vector or a batch of them: the unit of work [`crate::matvec`] shares
+//! among threads. Each product is summed exactly as for one vector alone, so a sequence's
+//! output does not depend on the batch it is in.
+
+use std::ops::Range;
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use crate::cpu::multiversioned;
+use crate::quant::BlockType;
+use crate::simd::{LANES, dot};
+use crate::stored::Stored;
+
+/// Bundles in a product of `rows` output rows, the unit [`matvec_bundles`] works in: one
+/// per four rows, and one per row left over.
+pub fn matvec_bundle_count(rows: usize) -> usize {
+    rows / 4 + rows % 4
+}
+
+multiversioned! {
+    /// Part of the products of a matrix with `n` vectors, over rows: `out[b stride + j] =
+    /// weight row j · x_b`, where `weight` holds `rows` rows of `d_in` (a `[d_in, rows]`
+    /// weight stored column-major), `xs` the `n` vectors `x_b` of `d_in` one after another,
+    /// `out` their products, each vector's `stride` apart: the rows of `bundles`. With
+    /// `q = rows / 4`,
+    /// bundle `s < q` is the rows `s`, `q + s`, `2q + s` and `3q + s`, and bundle `q + i` the
+    /// leftover row `4q + i`.
+    ///
+    /// Four rows at a time, so each load of an `x` feeds four multiply-adds, and the four are
+    /// taken from the four quarters of the matrix: four sequential streams far apart keep
+    /// more reads in flight than four neighbouring rows do (docs/BENCHMARKS.md). Several
+    /// vectors (a batch of sequences, each decoding a token) share each load of the weights:
+    /// one pass over the matrix for all of them. Each product is summed exactly as for one
+    /// vector alone (the same multiplies and adds in the same order), so a sequence's output
+    /// does not depend on what else is in the batch.
+    /// `out` is atomic so that threads can share a product's rows (`matvec`); the stores are
+    /// relaxed, plain stores on x86.
+    pub fn matvec_bundles(
+        weight: &[f32],
+        xs: &[f32],
+        d_in: usize,
+        out: &[AtomicU32],
+        stride: usize,
+        bundles: Range<usize>,
+    ) {
+        bundles_of(weight, xs, d_in, out, stride, bundles)
+    }
+}
+
+multiversioned! {
+    /// [`matvec_bundles`] over bf16 weights, widened in registers: the same results, bit for
+    /// bit, as over their f32 values.
+    pub fn matvec_bundles_bf16(
+        weight: &[half::bf16],
+        xs: &[f32],
+        d_in: usize,
+        out: &[AtomicU32],
+        stride: usize,
+        bundles: Range<usize>,
+    ) {
+        bundles_of(weight, xs, d_in, out, stride, bundles)
+    }
+}
+
+multiversioned! {
+    /// [`BlockType::decode`] compiled for the widest vectors the CPU has (its loops are
+    /// written for the compiler to vectorize).
+    pub fn decode_blocks(ty: BlockType, blocks: &[u8], out: &mut [f32]) {
+        ty.decode(blocks, out)
+    }
+}
+
+multiversioned! {
+    /// [`matvec_bundles`] over quantized weights, rows of `ty` blocks: the same results, bit
+    /// for bit, as over the f32 values the blocks decode to.
+    pub fn matvec_bundles_blocks(
+        ty: BlockType,
+        weight: &[u8],
+        xs: &[f32],
+        d_in: usize,
+        out: &[AtomicU32],
+        stride: usize,
+        bundles: Range<usize>,
+    ) {
+        block_bundles_of(ty, weight, xs, d_in, out, stride, bundles)
+    }
+}
+
+/// Four dot products of the same four rows with each of several vectors (a multiple of
+/// `LANES` long), each over `LANES` partial sums added in lane order: `[[f32; 4]; n]`, one
+/// array per vector. Written as a macro so that each vector's sums are a variable of its
+/// own, which LLVM keeps in registers (an array of them indexed in a loop it kept on the
+/// stack). A vector's four sums do not depend on the other vectors.
+macro_rules! dot4_vectors {
+    ($rows:expr; $($x:expr => $sums:ident),+) => {{
+        let [r0, r1, r2, r3] = $rows;
+        $(let mut $sums = [[0.0f32; LANES]; 4];)+
+        let rows = r0.chunks_exact(LANES).zip(r1.chunks_exact(LANES));
+        let rows = rows.zip(r2.chunks_exact(LANES)).zip(r3.chunks_exact(LANES));
+        for (c, (((w0, w1), w2), w3)) in rows.enumerate() {
+            $(
+                let x: &[f32] = &$x[c * LANES..][..LANES];
+                for i in 0..LANES {
+                    $sums[0][i] = w0[i].widen().mul_add(x[i], $sums[0][i]);
+                    $sums[1][i] = w1[i].widen().mul_add(x[i], $sums[1][i]);
+                    $sums[2][i] = w2[i].widen().mul_add(x[i], $sums[2][i]);
+                    $sums[3][i] = w3[i].widen().mul_add(x[i], $sums[3][i]);
+                }
+            )+
+        }
+        [$($sums.map(|lanes| lanes.iter().sum::<f32>())),+]
+    }};
+}
+
+/// [`dot4_vectors!`] for four vectors. With AVX-512, through intrinsics: plain Rust for
+/// sixteen sums LLVM kept on the stack, a store and reload per add, however it was
+/// written. The same multiplies and adds in the same order either way (a multiply, then an
+/// add, per lane; the lanes summed in order), so the same bits.
+#[inline(always)]
+fn dot4_x4<W: Stored>(rows: [&[W]; 4], xs: [&[f32]; 4]) -> [[f32; 4]; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        let d_in = xs[0].len();
+        assert!(rows.iter().all(|r| r.len() >= d_in) && xs.iter().all(|x| x.len() == d_in));
+        // SAFETY: avx512f was just detected; every row and vector holds `d_in` values.
+        return unsafe { avx512::dot4_x4(rows.map(<[W]>::as_ptr), xs.map(<[f32]>::as_ptr), d_in) };
+    }
+    dot4_vectors!(rows; xs[0] => s0, xs[1] => s1, xs[2] => s2, xs[3] => s3)
+}
+
+/// Two dot products of the same two rows with each of eight vectors, as [`dot4_x4`]: with
+/// sixteen sums, as many as four rows and four vectors, each load and widening of the
+/// weights serves eight vectors instead of four.
+#[inline(always)]
+fn dot2_x8<W: Stored>(rows: [&[W]; 2], xs: [&[f32]; 8]) -> [[f32; 2]; 8] {
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        let d_in = xs[0].len();
+        assert!(rows.iter().all(|r| r.len() >= d_in) && xs.iter().all(|x| x.len() == d_in));
+        // SAFETY: avx512f was just detected; every row and vector holds `d_in` values.
+        return unsafe { avx512::dot2_x8(rows.map(<[W]>::as_ptr), xs.map(<[f32]>::as_ptr), d_in) };
+    }
+    let [r0, r1] = rows;
+    let quad = [r0, r1, r0, r1];
+    let low = dot4_vectors!(quad; xs[0] => s0, xs[1] => s1, xs[2] => s2, xs[3] => s3);
+    let high = dot4_vectors!(quad; xs[4] => s0, xs[5] => s1, xs[6] => s2, xs[7] => s3);
+    std::array::from_fn(|v| {
+        let sums = if v < 4 { low[v] } else { high[v - 4] };
+        [sums[0], sums[1]]
+    })
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use crate::simd::LANES;
+    use crate::simd::avx512::{load, sums16};
+    use crate::stored::Stored;
+
+    /// See [`super::dot2_x8`]: `d_in` (a multiple of LANES) values from each pointer.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot2_x8<W: Stored>(
+        [r0, r1]: [*const W; 2],
+        xs: [*const f32; 8],
+        d_in: usize,
+    ) -> [[f32; 2]; 8] {
+        let zero = _mm512_setzero_ps();
+        let [x0, x1, x2, x3, x4, x5, x6, x7] = xs;
+        // Named, not an array: LLVM kept an array of them partly on the stack.
+        let (mut a0, mut a1, mut a2, mut a3, mut a4, mut a5, mut a6, mut a7) =
+            (zero, zero, zero, zero, zero, zero, zero, zero);
+        let (mut b0, mut b1, mut b2, mut b3, mut b4, mut b5, mut b6, mut b7) =
+            (zero, zero, zero, zero, zero, zero, zero, zero);
+        let mut c = 0;
+        while c < d_in {
+            // SAFETY: c + LANES <= d_in, which every pointer holds. The prefetches are of the
+            // rows after these (the next bundle's, in the same streams), hints only.
+            unsafe {
+                _mm_prefetch::<_MM_HINT_T0>(r0.wrapping_add(c + d_in).cast());
+                _mm_prefetch::<_MM_HINT_T0>(r1.wrapping_add(c + d_in).cast());
+                let (w0, w1) = (load(r0.add(c)), load(r1.add(c)));
+                macro_rules! both {
+                    ($x:ident, $a:ident, $b:ident) => {
+                        let x = _mm512_loadu_ps($x.add(c));
+                        $a = _mm512_fmadd_ps(w0, x, $a);
+                        $b = _mm512_fmadd_ps(w1, x, $b);
+                    };
+                }
+                both!(x0, a0, b0);
+                both!(x1, a1, b1);
+                both!(x2, a2, b2);
+                both!(x3, a3, b3);
+                both!(x4, a4, b4);
+                both!(x5, a5, b5);
+                both!(x6, a6, b6);
+                both!(x7, a7, b7);
+            }
+            c += LANES;
+        }
+        let sums = sums16([
+            a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
+        ]);
+        std::array::from_fn(|v| [sums[v], sums[8 + v]])
+    }
+
+    /// See [`super::dot4_x4`]: `d_in` (a multiple of LANES) values from each pointer.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot4_x4<W: Stored>(
+        [r0, r1, r2, r3]: [*const W; 4],
+        [x0, x1, x2, x3]: [*const f32; 4],
+        d_in: usize,
+    ) -> [[f32; 4]; 4] {
+        let zero = _mm512_setzero_ps();
+        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+        let (mut b0, mut b1, mut b2, mut b3) = (zero, zero, zero, zero);
+        let (mut c0, mut c1, mut c2, mut c3) = (zero, zero, zero, zero);
+        let (mut d0, mut d1, mut d2, mut d3) = (zero, zero, zero, zero);
+        let mut c = 0;
+        while c < d_in {
+            // SAFETY: c + LANES <= d_in, which every pointer holds.
+            unsafe {
+                let w = [r0, r1, r2, r3].map(|r| load(r.add(c)));
+                let x = [x0, x1, x2, x3].map(|x| _mm512_loadu_ps(x.add(c)));
+                a0 = _mm512_fmadd_ps(w[0], x[0], a0);
+                a1 = _mm512_fmadd_ps(w[1], x[0], a1);
+                a2 = _mm512_fmadd_ps(w[2], x[0], a2);
+                a3 = _mm512_fmadd_ps(w[3], x[0], a3);
+                b0 = _mm512_fmadd_ps(w[0], x[1], b0);
+                b1 = _mm512_fmadd_ps(w[1], x[1], b1);
+                b2 = _mm512_fmadd_ps(w[2], x[1], b2);
+                b3 = _mm512_fmadd_ps(w[3], x[1], b3);
+                c0 = _mm512_fmadd_ps(w[0], x[2], c0);
+                c1 = _mm512_fmadd_ps(w[1], x[2], c1);
+                c2 = _mm512_fmadd_ps(w[2], x[2], c2);
+                c3 = _mm512_fmadd_ps(w[3], x[2], c3);
+                d0 = _mm512_fmadd_ps(w[0], x[3], d0);
+                d1 = _mm512_fmadd_ps(w[1], x[3], d1);
+                d2 = _mm512_fmadd_ps(w[2], x[3], d2);
+                d3 = _mm512_fmadd_ps(w[3], x[3], d3);
+            }
+            c += LANES;
+        }
+        let sums = sums16([
+            a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
+        ]);
+        std::array::from_fn(|v| std::array::from_fn(|row| sums[4 * v + row]))
+    }
+}
+
+/// Vectors per pass over a bundle's rows in [`matvec_bundles`]: four rows' sums for each of
+/// four vectors are sixteen registers, half of AVX-512's.
+const VECTORS_PER_PASS: usize = 4;
+
+/// The body of [`matvec_bundles`] for any weight element.
+#[inline(always)]
+fn bundles_of<W: Stored>(
+    weight: &[W],
+    xs: &[f32],
+    d_in: usize,
+    out: &[AtomicU32],
+    stride: usize,
+    bundles: Range<usize>,
+) {
+    let quarter = weight.len() / d_in / 4;
+    let row = |j: usize| &weight[j * d_in..][..d_in];
+    let products = Products {
+        xs,
+        d_in,
+        out,
+        stride,
+    };
+    for s in bundles {
+        if s < quarter {
+            let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
+            products.four(rows.map(row), rows);
+        } else {
+            // Leftover bundle s is row 4q + (s - q).
+            let j = 3 * quarter + s;
+            products.one(row(j), j);
+        }
+    }
+}
+
+/// The body of [`matvec_bundles_blocks`]: each bundle's rows decoded into f32 (the values
+/// they stand for, exactly), then taken as f32 rows are.
+#[inline(always)]
+fn block_bundles_of(
+    ty: BlockType,
+    weight: &[u8],
+    xs: &[f32],
+    d_in: usize,
+    out: &[AtomicU32],
+    stride: usize,
+    bundles: Range<usize>,
+) {
+    let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
+    let quarter = weight.len() / row_bytes / 4;
+    let row = |j: usize| &weight[j * row_bytes..][..row_bytes];
+    let products = Products {
+        xs,
+        d_in,
+        out,
+        stride,
+    };
+    #[cfg(target_arch = "x86_64")]
+    if std::is_x86_feature_detected!("avx512f") {
+        for s in bundles.start.min(quarter)..bundles.end.min(quarter) {
+            let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
+            let mut store = |b: usize, k: usize, value: f32| products.store(b, rows[k], value);
+            // SAFETY: avx512f was just detected; each row holds d_in values (whole blocks,
+            // as row_bytes checked) and xs whole vectors of d_in.
+            unsafe {
+                crate::block_products::avx512::four(
+                    ty,
+                    rows.map(|j| row(j).as_ptr()),
+                    xs,
+                    d_in,
+                    &mut store,
+                )
+            };
+        }
+        // Rows past the quarters (at most three per product): decoded, then as f32 rows.
+        for s in bundles.start.max(quarter)..bundles.end {
+            let j = 3 * quarter + s;
+            let mut decoded = DECODED.take();
+            decoded.resize(d_in, 0.0);
+            ty.decode(row(j), &mut decoded);
+            products.one(&decoded, j);
+            DECODED.set(decoded);
+        }
+        return;
+    }
+    // Taken out of the thread-local rather than borrowed in a closure: a closure is
+    // compiled without its caller's target features, and would run the portable sums.
+    let mut decoded = DECODED.take();
+    decoded.resize(4 * d_in, 0.0);
+    for s in bundles {
+        if s < quarter {
+            let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
+            for (k, &j) in rows.iter().enumerate() {
+                ty.decode(row(j), &mut decoded[k * d_in..][..d_in]);
+            }
+            let block = [0, 1, 2, 3].map(|k| &decoded[k * d_in..][..d_in]);
+            products.four(block, rows);
+        } else {
+            let j = 3 * quarter + s;
+            ty.decode(row(j), &mut decoded[..d_in]);
+            products.one(&decoded[..d_in], j);
+        }
+    }
+    DECODED.set(decoded);
+}
+
+thread_local! {
+    /// The calling thread's decoded rows of quantized weights (`block_bundles_of`).
+    static DECODED: std::cell::Cell<Vec<f32>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+/// Where [`matvec_bundles`] puts its products: every vector of `xs` times given rows.
+struct Products<'a> {
+    xs: &'a [f32],
+    d_in: usize,
+    out: &'a [AtomicU32],
+    stride: usize,
+}
+
+impl Products<'_> {
+    #[inline(always)]
+    fn store(&self, b: usize, j: usize, value: f32) {
+        self.out[b * self.stride + j].store(value.to_bits(), Ordering::Relaxed)
+    }
+
+    #[inline(always)]
+    fn x(&self, b: usize) -> &[f32] {
+        &self.xs[b * self.d_in..][..self.d_in]
+    }
+
+    /// Row `j`, `row`, times every vector.
+    #[inline(always)]
+    fn one<W: Stored>(&self, row: &[W], j: usize) {
+        for b in 0..self.xs.len() / self.d_in {
+            self.store(b, j, dot(row, self.x(b)));
+        }
+    }
+
+    /// Rows `rows`, `block`, times every vector.
+    #[inline(always)]
+    fn four<W: Stored>(&self, block: [&[W]; 4], rows: [usize; 4]) {
+        let n = self.xs.len() / self.d_in;
+        if !self.d_in.is_multiple_of(LANES) {
+            for (row, j) in block.into_iter().zip(rows) {
+                self.one(row, j);
+            }
+            return;
+        }
+        let mut b = 0;
+        while n - b >= 8 {
+            // Eight vectors: two rows at a time, sixteen sums (`dot2_x8`).
+            let xs = [0, 1, 2, 3, 4, 5, 6, 7].map(|v| self.x(b + v));
+            for pair in [0, 2] {
+                let sums = dot2_x8([block[pair], block[pair + 1]], xs);
+                for (v, sums) in sums.iter().enumerate() {
+                    self.store(b + v, rows[pair], sums[0]);
+                    self.store(b + v, rows[pair + 1], sums[1]);
+                }
+            }
+            b += 8;
+        }
+        while b < n {
+            let count = (n - b).min(VECTORS_PER_PASS);
+            // The pass's size is a constant in each arm, so its sums stay in registers.
+            let put = |sums: &[[f32; 4]]| {
+                for (v, sums) in sums.iter().enumerate() {
+                    for (&j, &value) in rows.iter().zip(sums) {
+                        self.store(b + v, j, value);
+                    }
+                }
+            };
+            if count == 1 {
+                put(&dot4_vectors!(block; self.x(b) => s0));
+            } else {
+                // A pass of fewer than four vectors repeats its last one.
+                let xs = [0, 1, 2, 3].map(|v| self.x(b + v.min(count - 1)));
+                put(&dot4_x4(block, xs)[..count]);
+            }
+            b += count;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn matvec_bundles_match_their_definition() {
+        let (d_in, d_out) = (37, 11); // neither a multiple of the lanes nor of 4 rows
+        let weight: Vec<f32> = (0..d_in * d_out).map(|i| (i % 13) as f32 - 6.0).collect();
+        let x: Vec<f32> = (0..d_in).map(|i| i as f32 * 0.5).collect();
+        let out: Vec<AtomicU32> = (0..d_out).map(|_| AtomicU32::new(0)).collect();
+        let bundles = matvec_bundle_count(d_out);
+        matvec_bundles(&weight, &x, d_in, &out, d_out, 0..bundles / 2);
+        matvec_bundles(&weight, &x, d_in, &out, d_out, bundles / 2..bundles);
+        for (row, got) in weight.chunks(d_in).zip(&out) {
+            let want: f32 = row.iter().zip(&x).map(|(w, x)| w * x).sum();
+            assert_eq!(
+                f32::from_bits(got.load(Ordering::Relaxed)),
+                want,
+                "small integers: every order of summation is exact"
+            );
+        }
+    }
+}

@@ -1,0 +1,311 @@
+use super::*;
+use crate::testing::uniform;
+
+/// `rows` random rows of `d_in` quantized to `ty` (scales of every size, some values large).
+fn blocks(ty: BlockType, rows: usize, d_in: usize, seed: u64) -> Vec<u8> {
+    let mut next = uniform(seed);
+    let values: Vec<f32> = (0..rows * d_in)
+        .map(|i| {
+            next()
+                * if i % 97 == 0 {
+                    40.0
+                } else {
+                    1.0 + (i / d_in) as f32
+                }
+        })
+        .collect();
+    let mut out = Vec::new();
+    ty.quantize(&values, &mut out);
+    out
+}
+
+/// What the kernel computes, from the definitions: the row decoded by `quant` (its tested
+/// decoder), times the inputs as rounded (integer times scale), summed in f64. Also the sum
+/// of the terms' sizes, for a tolerance.
+fn reference(ty: BlockType, row: &[u8], inputs: &Inputs, b: usize) -> (f64, f64) {
+    let d_in = inputs.d_in;
+    let mut w = vec![0.0f32; d_in];
+    ty.decode(row, &mut w);
+    let x: Vec<f64> = match Format::of(ty).expect("an int8 type") {
+        Format::Blocks32 => (0..d_in)
+            .map(|i| {
+                let k = b * d_in + i;
+                f64::from(inputs.q32[k]) * f64::from(inputs.d32[k / 32])
+            })
+            .collect(),
+        Format::Blocks256 => (0..d_in)
+            .map(|i| {
+                let k = b * d_in + i;
+                f64::from(inputs.q256[k]) * f64::from(inputs.scales256[k / 256])
+            })
+            .collect(),
+    };
+    let terms = w.iter().zip(&x).map(|(&w, x)| f64::from(w) * x);
+    let size = w
+        .iter()
+        .zip(&x)
+        .map(|(&w, x)| (f64::from(w) * x).abs())
+        .sum();
+    (terms.sum(), size)
+}
+
+const TYPES: [BlockType; 4] = [
+    BlockType::Q8_0,
+    BlockType::Q4_0,
+    BlockType::Q4K,
+    BlockType::Q6K,
+];
+
+/// Every row times every vector, through `four` and `one`, equals the definition up to the
+/// order of f32 additions, for batches that use both of `four`'s tiles.
+#[test]
+fn products_match_the_definition() {
+    if !available() {
+        eprintln!("no AVX-512 VNNI here: the int8 kernels do not run");
+        return;
+    }
+    let mut next = uniform(0x9e37_79b9_7f4a_7c15);
+    for ty in TYPES {
+        for d_in in [256, 512, 576, 1536] {
+            if !runs(ty, d_in) {
+                continue;
+            }
+            let weight = blocks(ty, 5, d_in, d_in as u64);
+            let row_bytes = ty.row_bytes(d_in).unwrap();
+            let rows: Vec<&[u8]> = weight.chunks(row_bytes).collect();
+            for n in [1, 3, 6] {
+                let xs: Vec<f32> = (0..n * d_in).map(|_| next() * 3.0).collect();
+                let inputs = Inputs::new(&xs, d_in, [ty]);
+                let mut got = vec![f32::NAN; n * 5];
+                four(
+                    ty,
+                    [rows[0], rows[1], rows[2], rows[3]],
+                    &inputs,
+                    &mut |b, r, v| got[b * 5 + r] = v,
+                );
+                one(ty, rows[4], &inputs, &mut |b, v| got[b * 5 + 4] = v);
+                for b in 0..n {
+                    for (r, row) in rows.iter().enumerate() {
+                        let (want, size) = reference(ty, row, &inputs, b);
+                        let error = (f64::from(got[b * 5 + r]) - want).abs();
+                        assert!(
+                            error <= 1e-5 * size,
+                            "{ty} d_in {d_in} vector {b}/{n} row {r}: {} vs {want} (size {size})",
+                            got[b * 5 + r]
+                        );
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// A vector's products are the same bits alone and in a batch of any size.
+#[test]
+fn batched_vectors_equal_each_alone() {
+    if !available() {
+        return;
+    }
+    let mut next = uniform(0x2545_f491_4f6c_dd1d);
+    let d_in = 512;
+    for ty in TYPES {
+        let weight = blocks(ty, 4, d_in, 7);
+        let row_bytes = ty.row_bytes(d_in).unwrap();
+        let rows: Vec<&[u8]> = weight.chunks(row_bytes).collect();
+        let rows = [rows[0], rows[1], rows[2], rows[3]];
+        let xs: Vec<f32> = (0..9 * d_in).map(|_| next()).collect();
+        let products = |xs: &[f32]| {
+            let inputs = Inputs::new(xs, d_in, [ty]);
+            let mut out = vec![0u32; inputs.len() * 4];
+            four(ty, rows, &inputs, &mut |b, r, v| {
+                out[b * 4 + r] = v.to_bits()
+            });
+            out
+        };
+        let alone: Vec<u32> = xs.chunks(d_in).flat_map(products).collect();
+        for n in 2..=9 {
+            assert_eq!(
+                products(&xs[..n * d_in]),
+                alone[..n * 4],
+                "{ty}, batch of {n}"
+            );
+        }
+    }
+}
+
+/// Inputs round as ggml's reference rounds them: a block's largest magnitude to ±127, the
+/// rest to the nearest step, an all-zero block to zeros with a zero scale.
+#[test]
+fn inputs_round_as_ggml() {
+    let mut x: Vec<f32> = (0..256).map(|i| (i as f32 - 100.0) / 10.0).collect();
+    x[..32].fill(0.0);
+    let inputs = Inputs::new(&x, 256, [BlockType::Q4_0, BlockType::Q4K]);
+    assert_eq!(inputs.d32[0], 0.0);
+    assert!(inputs.q32[..32].iter().all(|&q| q == 0));
+    assert_eq!(inputs.q256[255], 127);
+    assert_eq!(inputs.scales256[0], 15.5 / 127.0);
+    assert_eq!(
+        inputs.q256[32],
+        (x[32] * (1.0 / (15.5f32 / 127.0))).round_ties_even() as i8
+    );
+    let sum: i32 = inputs.q256[..16].iter().map(|&q| i32::from(q)).sum();
+    assert_eq!(i32::from(inputs.sums16[0]), sum);
+    assert_eq!(
+        &inputs.paired[32..64],
+        &inputs.q256[64..96],
+        "Q4_K's order: group 2 second"
+    );
+}
+
+/// Throughput of each kernel on one vector, from L2 and from memory: `cargo test --release
+/// -p runtime --lib int8::tests::speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn speed() {
+    let d_in = 2048;
+    for ty in TYPES {
+        for rows in [64, 16384] {
+            let weight = blocks(ty, rows, d_in, 3);
+            let xs: Vec<f32> = (0..d_in).map(|i| (i as f32).sin()).collect();
+            let inputs = Inputs::new(&xs, d_in, [ty]);
+            let out: Vec<AtomicU32> = (0..rows).map(|_| AtomicU32::new(0)).collect();
+            let reps = (1 << 30) / weight.len();
+            let start = std::time::Instant::now();
+            for _ in 0..reps {
+                bundles(ty, &weight, &inputs, &out, rows, 0..rows / 4);
+            }
+            let s = start.elapsed().as_secs_f64();
+            println!(
+                "{ty} {rows} rows: {:.1} GB/s, {:.2} ns per block-row",
+                (reps * weight.len()) as f64 / s / 1e9,
+                s * 1e9 / (reps * weight.len() / ty.bytes() * ty.values() / 256) as f64
+            );
+        }
+    }
+}
+
+/// A prompt's products through `rows::linear_rows` equal the definition (each row rounded
+/// as `round_block` rounds it, per 32 or per 256, times the decoded weights, summed in
+/// f64) up to the order of f32 additions; and each row's result is the one it gets alone,
+/// to the bit, at 1, 2 and 3 threads: shapes with partial tiles, panels, groups of panels
+/// and (for the types of 32) steps.
+#[test]
+fn prompt_rows() {
+    if !available() {
+        eprintln!("skipped: no AVX-512 VNNI on this CPU");
+        return;
+    }
+    for ty in TYPES {
+        let per = match Format::of(ty).expect("an int8 type") {
+            Format::Blocks32 => 32,
+            Format::Blocks256 => 256,
+        };
+        let shapes = match per {
+            32 => [(13, 576, 70), (25, 64, 130), (30, 768, 16)],
+            _ => [(13, 512, 70), (25, 256, 130), (30, 768, 16)],
+        };
+        for (rows, d_in, d_out) in shapes {
+            let weight = blocks(ty, d_out, d_in, rows as u64);
+            let mut next = uniform(5 + rows as u64);
+            let x: Vec<f32> = (0..rows * d_in)
+                .map(|i| next() * if i % 53 == 0 { 30.0 } else { 1.0 })
+                .collect();
+            let row_bytes = ty.row_bytes(d_in).expect("whole blocks");
+            let mut w = vec![0.0f32; d_in];
+            let mut q = vec![0i8; d_in];
+            let got = rows::linear_rows(&x, ty, &weight, d_in);
+            for r in 0..rows {
+                let x = &x[r * d_in..][..d_in];
+                let scales: Vec<f32> = (x.chunks_exact(per).zip(q.chunks_exact_mut(per)))
+                    .map(|(x, q)| round_block(x, q))
+                    .collect();
+                for j in 0..d_out {
+                    ty.decode(&weight[j * row_bytes..][..row_bytes], &mut w);
+                    let terms = (0..d_in)
+                        .map(|k| f64::from(w[k]) * f64::from(q[k]) * f64::from(scales[k / per]));
+                    let (want, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+                    let value = f64::from(got[r * d_out + j]);
+                    assert!(
+                        (value - want).abs() <= 1e-5 * size,
+                        "{ty} {rows}x{d_in}x{d_out}: row {r} column {j}: {value} vs {want}"
+                    );
+                }
+            }
+            for threads in [1, 2, 3] {
+                crate::testing::in_pool(threads, || {
+                    let again = rows::linear_rows(&x, ty, &weight, d_in);
+                    assert!(
+                        again
+                            .iter()
+                            .zip(&got)
+                            .all(|(a, b)| a.to_bits() == b.to_bits())
+                    );
+                    for r in [0, rows / 2, rows - 1] {
+                        let alone = rows::linear_rows(&x[r * d_in..][..d_in], ty, &weight, d_in);
+                        let row = &got[r * d_out..][..d_out];
+                        assert!(
+                            alone
+                                .iter()
+                                .zip(row)
+                                .all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{ty}: row {r} alone at {threads} threads"
+                        );
+                    }
+                });
+            }
+        }
+    }
+}
+
+/// Multiply-adds per second of `rows::linear_rows` on a prompt of 512 at 1B's widest
+/// shape: `cargo test --release -p runtime prompt_speed -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn prompt_speed() {
+    let (rows, d_in, d_out) = (512, 2048, 8192);
+    let x: Vec<f32> = (0..rows * d_in).map(|i| (i as f32).sin()).collect();
+    for ty in TYPES {
+        let weight = blocks(ty, d_out, d_in, 3);
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let start = std::time::Instant::now();
+            std::hint::black_box(rows::linear_rows(&x, ty, &weight, d_in));
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        let macs = (rows * d_in * d_out) as f64;
+        println!(
+            "{ty}: {:.1} ms, {:.1} GMAC/s",
+            best * 1e3,
+            macs / best / 1e9
+        );
+    }
+}
+
+/// The vectorized rounding gives the scalar one's scale and integers, bit for bit, on
+/// values of every size, halves that tie (2.5 * d and the like), zeros, a NaN and an infinity.
+#[test]
+fn rounding_alike() {
+    let mut next = uniform(17);
+    for case in 0..200 {
+        let mut x: Vec<f32> = (0..256).map(|_| next() * (case as f32 + 0.01)).collect();
+        if case % 3 == 0 {
+            // Exact ties once scaled: max |x| = 127 makes d = 1.
+            x[0] = 127.0;
+            for (i, v) in x.iter_mut().enumerate().skip(1) {
+                *v = (i % 40) as f32 - 19.5;
+            }
+        }
+        if case == 4 {
+            x.fill(0.0);
+        }
+        if case == 5 {
+            x[7] = f32::NAN;
+        }
+        if case == 7 {
+            x[9] = f32::INFINITY;
+        }
+        let (mut a, mut b) = (vec![0i8; 256], vec![0i8; 256]);
+        let (da, db) = (round_block(&x, &mut a), round_scalar(&x, &mut b));
+        assert_eq!((da.to_bits(), &a), (db.to_bits(), &b), "case {case}");
+    }
+}

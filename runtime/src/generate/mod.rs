@@ -1,0 +1,650 @@
+//! Text generation and perplexity on a loaded model: the token loop ([`Generator`], here),
+//! the sequences it steps together ([`Sequence`]), stop strings, scoring and sampling. Uses
+//! every layer below it (`model`, `weights`, `text`); only the binaries use it.
+
+use std::path::Path;
+use std::sync::{Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
+
+use burn::tensor::{Int, Tensor, TensorData};
+use serde::{Deserialize, Serialize};
+
+use crate::generate::sampling::{Sampler, SamplingParams, logprobs};
+use crate::model::backend::{KernelBackend, Matmul};
+use crate::model::cache::{CacheError, KvCache, KvDtype};
+use crate::model::config::{ConfigError, GenerationConfig, LlamaConfig};
+use crate::model::llama::Llama;
+use crate::model::rope::Rope;
+use crate::text::grammar::{Constraint, Grammar, GrammarError, Grammars};
+use crate::text::tokenizer::{Tokenizer, TokenizerError};
+use crate::util::file_names::GENERATION_CONFIG_FILE;
+use crate::weights::artifact;
+use crate::weights::layout::{Kept, Weights};
+use crate::weights::load::Progress;
+use crate::weights::manifest::ArtifactError;
+
+pub mod sampling;
+mod scoring;
+mod sequence;
+mod stop;
+
+pub use scoring::Perplexity;
+pub use sequence::Sequence;
+use stop::StopText;
+
+/// Prompts and perplexity texts run through the model this many tokens at a time, which
+/// bounds the attention scores' memory (`heads × chunk × context` floats) for long inputs.
+const PREFILL_CHUNK: usize = 512;
+
+/// Errors while generating.
+#[derive(Debug, thiserror::Error)]
+pub enum GenerateError {
+    #[error(transparent)]
+    Artifact(#[from] ArtifactError),
+    #[error(transparent)]
+    Tokenizer(#[from] TokenizerError),
+    #[error("the prompt is empty")]
+    EmptyPrompt,
+    #[error(
+        "the prompt has {tokens} tokens; the model's context holds {context} (max_position_embeddings) and needs room for at least one new token"
+    )]
+    PromptTooLong { tokens: usize, context: usize },
+    #[error(transparent)]
+    Cache(#[from] CacheError),
+    #[error("perplexity needs at least 2 tokens, the text has {0}")]
+    TextTooShort(usize),
+    #[error(transparent)]
+    Config(#[from] ConfigError),
+    #[error("token id {id} is outside the model's vocabulary (vocab_size {vocab_size})")]
+    TokenOutOfRange { id: u32, vocab_size: usize },
+    #[error(
+        "logit bias for token id {id}, outside the model's vocabulary (vocab_size {vocab_size})"
+    )]
+    BiasOutOfRange { id: u32, vocab_size: usize },
+    #[error("{0}")]
+    Backend(String),
+    #[error("a step before the sequence's prompt has all run (Generator::prefill)")]
+    NotPrefilled,
+    #[error("a sequence forks or takes a grammar only before its first token")]
+    Started,
+    #[error("grammar: {0}")]
+    Grammar(#[from] GrammarError),
+}
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StopReason {
+    /// The model produced an end-of-sequence token.
+    Eos,
+    /// The text reached a `--stop` string.
+    Stop,
+    /// `max_new_tokens` or the context length was reached.
+    Length,
+}
+
+/// What to generate.
+#[derive(Debug, Clone)]
+pub struct GenerateOptions {
+    pub max_new_tokens: usize,
+    pub sampling: SamplingParams,
+    /// Generation ends before the first occurrence of any of these strings.
+    pub stop: Vec<String>,
+    /// What the generated text must match ([`crate::text::grammar`]), if anything.
+    pub grammar: Option<Grammar>,
+}
+
+/// Prefill and decode speed of one generation.
+#[derive(Debug, Clone, Serialize)]
+pub struct Timings {
+    pub prefill_s: f64,
+    pub decode_s: f64,
+    pub prefill_tokens_per_s: f64,
+    /// Tokens after the first, over the time spent on them.
+    pub decode_tokens_per_s: f64,
+}
+
+/// The result of [`Generator::generate`].
+#[derive(Debug, Clone)]
+pub struct Generation {
+    pub text: String,
+    /// Generated token ids (no prompt; an ending EOS is not included).
+    pub tokens: Vec<u32>,
+    pub prompt_tokens: usize,
+    pub stop_reason: StopReason,
+    pub timings: Timings,
+}
+
+/// A model ready to run: weights and the ids that end a sequence.
+pub struct Generator<B: KernelBackend> {
+    pub model: Llama<B>,
+    pub config: LlamaConfig,
+    /// What the loader kept the matrices as.
+    pub kept: Kept,
+    /// What new KV caches store keys and values as.
+    pub kv_dtype: KvDtype,
+    /// How products over quantized weights take their inputs.
+    pub matmul: Matmul,
+    eos_ids: Vec<u32>,
+    device: B::Device,
+    /// Rotary tables shared by the caches made here (the same whichever cache reads them),
+    /// grown to the largest capacity asked for: a server's caches don't each hold a copy.
+    rope: Mutex<Option<Rope<B>>>,
+    /// The vocabulary as grammars see it, made for the first sequence that has one.
+    grammars: OnceLock<Result<Grammars, GrammarError>>,
+}
+
+impl<B: KernelBackend> Generator<B> {
+    /// Loads the artifact in `dir`, its matrices as bf16 where that is exact.
+    pub fn load(dir: &Path, device: &B::Device) -> Result<Self, GenerateError> {
+        Self::load_with(dir, device, Weights::Auto)
+    }
+
+    /// Loads the artifact in `dir`, its matrices kept as `weights` says.
+    pub fn load_with(
+        dir: &Path,
+        device: &B::Device,
+        weights: Weights,
+    ) -> Result<Self, GenerateError> {
+        Self::load_watched(dir, device, weights, &Progress::default())
+    }
+
+    /// [`Self::load_with`], counting each parameter made in `progress` (for a progress bar
+    /// drawn by another thread).
+    pub fn load_watched(
+        dir: &Path,
+        device: &B::Device,
+        weights: Weights,
+        progress: &Progress,
+    ) -> Result<Self, GenerateError> {
+        let (model, config, kept) =
+            artifact::load_model_watched::<B>(dir, device, weights, progress)?;
+        let mut eos_ids = config.eos_token_ids.clone();
+        // generation_config.json is optional; when present it may name more end tokens.
+        let generation = GenerationConfig::from_file(&dir.join(GENERATION_CONFIG_FILE))?;
+        if let Some(ids) = generation.and_then(|g| g.eos_token_id) {
+            eos_ids.extend(ids.to_vec());
+        }
+        eos_ids.sort_unstable();
+        eos_ids.dedup();
+        for &id in &eos_ids {
+            config.check_token_id(id, "end-of-sequence id")?;
+        }
+        Ok(Self {
+            model,
+            config,
+            kept,
+            kv_dtype: KvDtype::default(),
+            matmul: Matmul::default(),
+            eos_ids,
+            device: device.clone(),
+            rope: Mutex::new(None),
+            grammars: OnceLock::new(),
+        })
+    }
+
+    pub fn eos_ids(&self) -> &[u32] {
+        &self.eos_ids
+    }
+
+    /// An empty KV cache for `capacity` positions (its memory grows as they fill).
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache<B>, CacheError> {
+        let (config, dtype) = (&self.config, self.kv_dtype);
+        KvCache::<B>::check_memory(config, 1, capacity, dtype)?;
+        let mut rope = self.rope.lock().unwrap_or_else(PoisonError::into_inner);
+        let rope = match rope.as_ref() {
+            Some(rope) if rope.positions() >= capacity => rope.clone(),
+            _ => rope
+                .insert(Rope::new(config, capacity, &self.device))
+                .clone(),
+        };
+        Ok(KvCache::with_rope(
+            config,
+            1,
+            capacity,
+            dtype,
+            rope,
+            &self.device,
+        ))
+    }
+
+    /// Runs `ids` through the model after what `cache` holds, in chunks, and returns the
+    /// logits of every position (`all`) or of the last one, flattened row by row.
+    pub fn forward_logits(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache<B>,
+        all: bool,
+    ) -> Result<Vec<f32>, GenerateError> {
+        let wanted = if all {
+            WantedLogits::All
+        } else {
+            WantedLogits::Last
+        };
+        self.forward_logits_wanted(ids, cache, wanted)
+    }
+
+    /// [`Self::forward_logits`] returning the logits `wanted` names.
+    fn forward_logits_wanted(
+        &self,
+        ids: &[u32],
+        cache: &mut KvCache<B>,
+        wanted: WantedLogits,
+    ) -> Result<Vec<f32>, GenerateError> {
+        // Checked for the whole input, so a long one fails before any work.
+        cache.check_room(1, ids.len())?;
+        self.check_ids(ids)?;
+        let mut out = Vec::new();
+        let n_chunks = ids.len().div_ceil(PREFILL_CHUNK);
+        for (i, chunk) in ids.chunks(PREFILL_CHUNK).enumerate() {
+            let wanted = match (wanted, i + 1 == n_chunks) {
+                (WantedLogits::All, _) => WantedLogits::All,
+                (wanted, true) => wanted,
+                (_, false) => WantedLogits::None,
+            };
+            if let Some(logits) = self.chunk_logits(chunk, cache, wanted)? {
+                out.extend(
+                    logits.into_vec::<f32>().map_err(|e| {
+                        GenerateError::Backend(format!("cannot read logits: {e:?}"))
+                    })?,
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    /// Runs one chunk of `tokens` and returns the logits of the positions `wanted` names.
+    fn chunk_logits(
+        &self,
+        tokens: &[u32],
+        cache: &mut KvCache<B>,
+        wanted: WantedLogits,
+    ) -> Result<Option<TensorData>, CacheError> {
+        let ids: Vec<i64> = tokens.iter().map(|&id| i64::from(id)).collect();
+        let ids =
+            Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, tokens.len()]), &self.device);
+        if tokens.len() == 1 {
+            return Ok(Some(
+                self.model.decode(ids, cache, self.matmul)?.into_data(),
+            ));
+        }
+        let hidden = self.model.forward(ids, cache, self.matmul)?; // [1, n, hidden]
+        let [_, n, width] = hidden.dims();
+        let hidden = match wanted {
+            WantedLogits::None => return Ok(None),
+            WantedLogits::Last => hidden.slice([0..1, n - 1..n, 0..width]),
+            WantedLogits::All => hidden,
+        };
+        Ok(Some(self.model.logits(hidden, self.matmul).into_data()))
+    }
+
+    /// Generates a continuation of `prompt` (token ids), calling `on_text` with each piece of
+    /// text as soon as it is complete (whole UTF-8 characters, never part of a stop string).
+    pub fn generate(
+        &self,
+        tokenizer: &Tokenizer,
+        prompt: &[u32],
+        options: &GenerateOptions,
+        mut on_text: impl FnMut(&str),
+    ) -> Result<Generation, GenerateError> {
+        let mut sequence = self.start(tokenizer, prompt, options.clone())?;
+        while self.step(&mut sequence, &mut on_text)?.is_none() {}
+        Ok(sequence.finish(&mut on_text))
+    }
+
+    /// A generation begun: the prompt checked and prefilled, the first token's logits ready.
+    /// [`Self::step`] then produces one token at a time, so a caller can interleave
+    /// sequences or stop one.
+    pub fn start<'t>(
+        &self,
+        tokenizer: &'t Tokenizer,
+        prompt: &[u32],
+        options: GenerateOptions,
+    ) -> Result<Sequence<'t, B>, GenerateError> {
+        self.start_from(tokenizer, None, prompt, options)
+    }
+
+    /// [`Self::start`] reusing `reuse`, a cache and the ids it holds (what
+    /// [`Sequence::into_cache`] gives back): the prompt's longest prefix it already holds is
+    /// not run again (the next turn of a conversation prefills only the new messages). A
+    /// cache too small for this generation is not reused.
+    pub fn start_from<'t>(
+        &self,
+        tokenizer: &'t Tokenizer,
+        reuse: Option<(KvCache<B>, Vec<u32>)>,
+        prompt: &[u32],
+        options: GenerateOptions,
+    ) -> Result<Sequence<'t, B>, GenerateError> {
+        let mut sequence = self.admit(tokenizer, reuse, prompt, options)?;
+        self.prefill(&mut sequence, usize::MAX)?;
+        Ok(sequence)
+    }
+
+    /// [`Self::start_from`] without running the prompt: the prompt checked (every failure
+    /// that does not depend on running it happens here) and the cache chosen. Then
+    /// [`Self::prefill`] runs the prompt, in as many pieces as the caller wants (a server
+    /// prefills a long prompt a piece at a time between decoding steps of the others).
+    pub fn admit<'t>(
+        &self,
+        tokenizer: &'t Tokenizer,
+        reuse: Option<(KvCache<B>, Vec<u32>)>,
+        prompt: &[u32],
+        options: GenerateOptions,
+    ) -> Result<Sequence<'t, B>, GenerateError> {
+        let context = self.config.max_position_embeddings;
+        if prompt.is_empty() {
+            return Err(GenerateError::EmptyPrompt);
+        }
+        if prompt.len() >= context {
+            return Err(GenerateError::PromptTooLong {
+                tokens: prompt.len(),
+                context,
+            });
+        }
+        self.check_ids(prompt)?;
+        let vocab_size = self.config.vocab_size;
+        if let Some(&(id, _)) =
+            (options.sampling.logit_bias.iter()).find(|&&(id, _)| id as usize >= vocab_size)
+        {
+            return Err(GenerateError::BiasOutOfRange { id, vocab_size });
+        }
+        let capacity = context.min(prompt.len() + options.max_new_tokens);
+        let (cache, reused) = match reuse {
+            Some((mut cache, ids)) if cache.capacity() >= capacity => {
+                // At least the prompt's last token runs: its logits start generation.
+                let shared = common_prefix(&ids[..cache.len().min(ids.len())], prompt);
+                let reused = shared.min(prompt.len() - 1);
+                cache.truncate(reused);
+                (cache, reused)
+            }
+            _ => (self.new_cache(capacity)?, 0),
+        };
+        cache.check_room(1, prompt.len() - reused)?;
+        let constraint = match &options.grammar {
+            Some(grammar) => Some(self.grammars(tokenizer)?.constraint(grammar)?),
+            None => None,
+        };
+        let started = Instant::now();
+        Ok(Sequence {
+            cache,
+            capacity,
+            reused,
+            constraint,
+            sampler: Sampler::new(options.sampling.clone()),
+            history: prompt.to_vec(),
+            prompt_tokens: prompt.len(),
+            tokens: Vec::new(),
+            stream: tokenizer.decode_stream(),
+            text: StopText::new(options.stop.clone()),
+            max_new_tokens: options.max_new_tokens,
+            logits: Vec::new(),
+            logprobs_top: None,
+            logprobs: Vec::new(),
+            stop_reason: None,
+            started,
+            prefill: Duration::ZERO,
+            decode_started: started,
+            decode: Duration::ZERO,
+        })
+    }
+
+    /// Runs up to `max_tokens` more of the sequence's prompt (all of it with `usize::MAX`);
+    /// `true` once the whole prompt has run and the first token's logits are ready, when
+    /// [`Self::step`] may go on. Prefilling a prompt in pieces gives the same cache and
+    /// logits as in one go, up to the order of summation in the products.
+    pub fn prefill(
+        &self,
+        sequence: &mut Sequence<'_, B>,
+        max_tokens: usize,
+    ) -> Result<bool, GenerateError> {
+        let s = sequence;
+        // The prompt's positions in the cache: every one once it has run.
+        let done = s.cache.len();
+        if done >= s.prompt_tokens {
+            return Ok(true);
+        }
+        let end = s.prompt_tokens.min(done.saturating_add(max_tokens));
+        let ids = &s.history[done..end];
+        if end < s.prompt_tokens {
+            self.forward_logits_wanted(ids, &mut s.cache, WantedLogits::None)?;
+            return Ok(false);
+        }
+        s.logits = self.forward_logits_wanted(ids, &mut s.cache, WantedLogits::Last)?;
+        Ok(true)
+    }
+
+    /// The vocabulary as grammars see it, made the first time one is asked for (its trie
+    /// and slices take a moment at a large vocabulary).
+    fn grammars(&self, tokenizer: &Tokenizer) -> Result<&Grammars, GrammarError> {
+        let made = self
+            .grammars
+            .get_or_init(|| Grammars::new(tokenizer, self.config.vocab_size, &self.eos_ids));
+        made.as_ref().map_err(Clone::clone)
+    }
+
+    /// Another generation from `sequence`'s prompt, sampled with `seed`: its cache a copy
+    /// of the prompt's (which is not run again), its first token drawn from the same logits.
+    /// How OpenAI's `n` gets several choices from one prompt. Only between the prompt and
+    /// the first token: once `sequence` has generated a token, [`GenerateError::Started`].
+    pub fn fork<'t>(
+        &self,
+        tokenizer: &'t Tokenizer,
+        sequence: &Sequence<'_, B>,
+        seed: u64,
+    ) -> Result<Sequence<'t, B>, GenerateError> {
+        let s = sequence;
+        if s.prompt_left() > 0 || s.logits.is_empty() {
+            return Err(GenerateError::NotPrefilled);
+        }
+        if !s.tokens.is_empty() || s.stop_reason.is_some() {
+            return Err(GenerateError::Started);
+        }
+        let started = Instant::now();
+        Ok(Sequence {
+            cache: s.cache.fork(s.cache.len(), s.capacity),
+            capacity: s.capacity,
+            reused: s.reused,
+            constraint: s.constraint.as_ref().map(Constraint::fork),
+            sampler: s.sampler.reseeded(seed),
+            history: s.history.clone(),
+            prompt_tokens: s.prompt_tokens,
+            tokens: Vec::new(),
+            stream: tokenizer.decode_stream(),
+            text: StopText::new(s.text.stops.clone()),
+            max_new_tokens: s.max_new_tokens,
+            logits: s.logits.clone(),
+            logprobs_top: s.logprobs_top,
+            logprobs: Vec::new(),
+            stop_reason: None,
+            started,
+            prefill: Duration::ZERO,
+            decode_started: started,
+            decode: Duration::ZERO,
+        })
+    }
+
+    /// Samples the sequence's next token, passes its text (what is complete) to `on_text`,
+    /// and runs it through the model unless the sequence ends with it: `Some` reason when it
+    /// has ended (then and on every later call).
+    pub fn step(
+        &self,
+        sequence: &mut Sequence<'_, B>,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<Option<StopReason>, GenerateError> {
+        let mut results = self.step_each(&mut [sequence], |_, piece| on_text(piece));
+        results.pop().expect("one result per sequence")
+    }
+
+    /// [`Self::step`] for several sequences at once: each samples its next token (`on_text`
+    /// gets the sequence's index with its text), then the tokens of those still running go
+    /// through the model together, one pass over the weights for all of them
+    /// ([`Llama::decode_each`]). A sequence's tokens are the ones it would get stepped
+    /// alone, bit for bit the same logits. One result per sequence, in order.
+    pub fn step_each(
+        &self,
+        sequences: &mut [&mut Sequence<'_, B>],
+        mut on_text: impl FnMut(usize, &str),
+    ) -> Vec<Result<Option<StopReason>, GenerateError>> {
+        let mut results: Vec<Result<Option<StopReason>, GenerateError>> =
+            Vec::with_capacity(sequences.len());
+        // Sequences whose sampled token runs through the model, and the token.
+        let mut running: Vec<(usize, u32)> = Vec::new();
+        for (i, s) in sequences.iter_mut().enumerate() {
+            let sampled = self.sample(s, &mut |piece| on_text(i, piece));
+            if let Ok(Some(next)) = sampled {
+                running.push((i, next));
+            }
+            results.push(sampled.map(|_| None));
+        }
+        if !running.is_empty() {
+            let ids: Vec<u32> = running.iter().map(|&(_, id)| id).collect();
+            let mut caches: Vec<&mut KvCache<B>> = Vec::with_capacity(running.len());
+            // The running sequences' caches, each borrowed apart from the others.
+            let mut rest: &mut [&mut Sequence<'_, B>] = sequences;
+            let mut skipped = 0;
+            for &(i, _) in &running {
+                let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - skipped);
+                let (sequence, tail) = tail.split_first_mut().expect("an index in range");
+                caches.push(&mut sequence.cache);
+                rest = tail;
+                skipped = i + 1;
+            }
+            match self.decode_each(&ids, &mut caches) {
+                Ok(logits) => {
+                    let rows = logits.chunks_exact(self.config.vocab_size);
+                    for (&(i, _), row) in running.iter().zip(rows) {
+                        sequences[i].logits = row.to_vec();
+                    }
+                }
+                Err(e) => {
+                    for &(i, _) in &running {
+                        results[i] = Err(GenerateError::Backend(e.to_string()));
+                    }
+                }
+            }
+        }
+        for (s, result) in sequences.iter_mut().zip(&mut results) {
+            if let Err(_) | Ok(Some(_)) = result {
+                continue;
+            }
+            *result = Ok(s.stop_reason);
+        }
+        results
+    }
+
+    /// Runs `ids[b]` after what `caches[b]` holds, for every `b`, a batch at a time
+    /// ([`KernelBackend::DECODE_BATCH`] sequences in one pass over the weights), and returns
+    /// the logits, `vocab_size` per sequence in order: each, bit for bit, what decoding that
+    /// sequence alone gives.
+    pub fn decode_each(
+        &self,
+        ids: &[u32],
+        caches: &mut [&mut KvCache<B>],
+    ) -> Result<Vec<f32>, GenerateError> {
+        assert_eq!(ids.len(), caches.len(), "decode_each: one id per cache");
+        self.check_ids(ids)?;
+        let vocab_size = self.config.vocab_size;
+        let mut out = Vec::with_capacity(ids.len() * vocab_size);
+        for (ids, caches) in ids
+            .chunks(B::DECODE_BATCH)
+            .zip(caches.chunks_mut(B::DECODE_BATCH))
+        {
+            let tokens: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
+            let tokens = TensorData::new(tokens, [ids.len(), 1]);
+            let tokens = Tensor::<B, 2, Int>::from_data(tokens, &self.device);
+            let logits = self
+                .model
+                .decode_each(tokens, caches, self.matmul)?
+                .into_data();
+            out.extend(
+                logits
+                    .into_vec::<f32>()
+                    .map_err(|e| GenerateError::Backend(format!("cannot read logits: {e:?}")))?,
+            );
+        }
+        Ok(out)
+    }
+
+    /// Fails unless every id is inside the vocabulary: an id past the embedding would index
+    /// out of its bounds inside the backend.
+    fn check_ids(&self, ids: &[u32]) -> Result<(), GenerateError> {
+        let vocab_size = self.config.vocab_size;
+        match ids.iter().find(|&&id| id as usize >= vocab_size) {
+            Some(&id) => Err(GenerateError::TokenOutOfRange { id, vocab_size }),
+            None => Ok(()),
+        }
+    }
+
+    /// The part of a step before the model: samples the sequence's next token and passes its
+    /// text on; `Some(token)` if the token is to run through the model, `None` if the
+    /// sequence has ended (its `stop_reason` set).
+    fn sample(
+        &self,
+        s: &mut Sequence<'_, B>,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<Option<u32>, GenerateError> {
+        if s.stop_reason.is_some() {
+            return Ok(None);
+        }
+        if s.cache.len() < s.prompt_tokens {
+            return Err(GenerateError::NotPrefilled);
+        }
+        let reason = 'step: {
+            if s.tokens.len() == s.max_new_tokens {
+                break 'step StopReason::Length;
+            }
+            // The sampler changes the logits in place; log-probabilities are the model's.
+            let raw = s.logprobs_top.map(|_| s.logits.clone());
+            let mut masked = Ok(());
+            let next = match &mut s.constraint {
+                None => s.sampler.sample(&mut s.logits, &s.history),
+                Some(constraint) => s
+                    .sampler
+                    .sample_masked(&mut s.logits, &s.history, |l| masked = constraint.mask(l)),
+            };
+            masked?;
+            if s.tokens.is_empty() {
+                // The first token's time belongs to the prompt: it waits on the prefill.
+                s.prefill = s.started.elapsed();
+                s.decode_started = Instant::now();
+            }
+            if self.eos_ids.contains(&next) {
+                break 'step StopReason::Eos;
+            }
+            if let Some(constraint) = &mut s.constraint {
+                constraint.consume(next)?;
+            }
+            if let (Some(raw), Some(top)) = (raw, s.logprobs_top) {
+                s.logprobs.push(logprobs(&raw, next, top));
+            }
+            s.tokens.push(next);
+            s.history.push(next);
+            if let Some(piece) = s.stream.push(next)?
+                && s.text.push(&piece, on_text)
+            {
+                break 'step StopReason::Stop;
+            }
+            if s.tokens.len() == s.max_new_tokens || s.cache.len() == s.capacity {
+                break 'step StopReason::Length;
+            }
+            return Ok(Some(next));
+        };
+        s.decode = s.decode_started.elapsed();
+        s.stop_reason = Some(reason);
+        Ok(None)
+    }
+}
+
+/// How many leading ids `a` and `b` share: what [`Generator::start_from`] can reuse of a
+/// cache holding `a` for the prompt `b`.
+pub fn common_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(a, b)| a == b).count()
+}
+
+/// Which positions of a chunk of tokens logits are computed for.
+#[derive(Debug, Clone, Copy)]
+enum WantedLogits {
+    None,
+    Last,
+    All,
+}

@@ -1,0 +1,129 @@
+//! One sequence under way: its cache, sampler, constraint and text so far.
+
+use std::time::{Duration, Instant};
+
+use super::stop::StopText;
+use super::{GenerateError, Generation, StopReason, Timings};
+use crate::generate::sampling::{Sampler, TokenLogprob};
+use crate::model::backend::KernelBackend;
+use crate::model::cache::KvCache;
+use crate::text::grammar::Constraint;
+use crate::text::tokenizer::TextStream;
+
+/// A generation under way ([`Generator::start`]): its KV cache, sampler and text so far.
+pub struct Sequence<'t, B: KernelBackend> {
+    pub(super) cache: KvCache<B>,
+    /// Positions this generation may fill (the cache may hold more).
+    pub(super) capacity: usize,
+    /// Prompt tokens found in a reused cache, not run again.
+    pub(super) reused: usize,
+    /// The grammar the text must follow ([`GenerateOptions::grammar`]).
+    pub(super) constraint: Option<Constraint>,
+    pub(super) sampler: Sampler,
+    /// Prompt and generated ids (the repeat penalty's window).
+    pub(super) history: Vec<u32>,
+    pub(super) prompt_tokens: usize,
+    pub(super) tokens: Vec<u32>,
+    pub(super) stream: TextStream<'t>,
+    pub(super) text: StopText,
+    pub(super) max_new_tokens: usize,
+    /// The next token's logits.
+    pub(super) logits: Vec<f32>,
+    /// Whether to record each generated token's log-probability, with how many of the most
+    /// likely alternatives ([`Sequence::record_logprobs`]).
+    pub(super) logprobs_top: Option<usize>,
+    pub(super) logprobs: Vec<TokenLogprob>,
+    pub(super) stop_reason: Option<StopReason>,
+    pub(super) started: Instant,
+    pub(super) prefill: Duration,
+    pub(super) decode_started: Instant,
+    pub(super) decode: Duration,
+}
+
+impl<B: KernelBackend> Sequence<'_, B> {
+    /// Makes the text follow `constraint` (compiled by the caller, say off a server's
+    /// engine thread, from the same [`Grammars`] as [`GenerateOptions::grammar`] would be):
+    /// only before the first token, else [`GenerateError::Started`].
+    pub fn constrain(&mut self, constraint: Constraint) -> Result<(), GenerateError> {
+        if !self.tokens.is_empty() || self.stop_reason.is_some() {
+            return Err(GenerateError::Started);
+        }
+        self.constraint = Some(constraint);
+        Ok(())
+    }
+
+    /// Records, from the next token on, each generated token's log-probability and the
+    /// `top` most likely tokens' at its step ([`Self::take_logprobs`]).
+    pub fn record_logprobs(&mut self, top: usize) {
+        self.logprobs_top = Some(top);
+    }
+
+    /// The log-probabilities recorded since the last call, one per generated token.
+    pub fn take_logprobs(&mut self) -> Vec<TokenLogprob> {
+        std::mem::take(&mut self.logprobs)
+    }
+
+    /// Generated token ids so far (an ending EOS is not included).
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_tokens
+    }
+
+    /// Prompt tokens not run yet ([`Generator::prefill`] runs them).
+    pub fn prompt_left(&self) -> usize {
+        self.prompt_tokens.saturating_sub(self.cache.len())
+    }
+
+    /// Prompt tokens in the cache: run, or reused from a kept cache.
+    pub fn prefilled(&self) -> usize {
+        self.cache.len().min(self.prompt_tokens)
+    }
+
+    /// Prompt tokens taken from a reused cache instead of run ([`Generator::start_from`]).
+    pub fn reused_tokens(&self) -> usize {
+        self.reused
+    }
+
+    /// The result, passing whatever text was still held back (a possible start of a stop
+    /// string, at the end) to `on_text`. A sequence not ended yet ends here, as at length.
+    pub fn finish(self, on_text: &mut impl FnMut(&str)) -> Generation {
+        self.finish_keeping_cache(on_text).0
+    }
+
+    /// [`Self::finish`], also giving back the cache and the ids whose keys and values it
+    /// holds, for [`Generator::start_from`].
+    pub fn finish_keeping_cache(
+        mut self,
+        on_text: &mut impl FnMut(&str),
+    ) -> (Generation, (KvCache<B>, Vec<u32>)) {
+        if self.stop_reason.is_none() {
+            self.decode = self.decode_started.elapsed();
+        }
+        self.text.finish(on_text);
+        let per_s = |n: usize, t: Duration| {
+            if t.is_zero() {
+                0.0
+            } else {
+                n as f64 / t.as_secs_f64()
+            }
+        };
+        let mut ids = self.history;
+        ids.truncate(self.cache.len());
+        let generation = Generation {
+            text: self.text.into_text(),
+            prompt_tokens: self.prompt_tokens,
+            stop_reason: self.stop_reason.unwrap_or(StopReason::Length),
+            timings: Timings {
+                prefill_s: self.prefill.as_secs_f64(),
+                decode_s: self.decode.as_secs_f64(),
+                prefill_tokens_per_s: per_s(self.prompt_tokens - self.reused, self.prefill),
+                decode_tokens_per_s: per_s(self.tokens.len().saturating_sub(1), self.decode),
+            },
+            tokens: self.tokens,
+        };
+        (generation, (self.cache, ids))
+    }
+}

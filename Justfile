@@ -51,10 +51,11 @@ test:
     git diff --exit-code -- "{{out_dir}}/manifest.json"
     REQUIRE_MODEL=1 cargo test --release --workspace
 
-# Formatting and lints, as CI runs them
+# Formatting, lints and the modules' layering (docs/ARCHITECTURE.md), as CI runs them
 lint:
     cargo fmt --check
     cargo clippy --workspace --all-targets -- -D warnings
+    python3 scripts/check_layers.py
 
 # Speed and memory, llama-bench style (see docs/BENCHMARKS.md): just bench --backends flex --threads 1,2
 bench *args: build

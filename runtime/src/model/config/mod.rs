@@ -1,14 +1,21 @@
 //! config.json of a Hugging Face Llama checkpoint, read with serde and resolved once.
 //!
-//! Two steps, as candle does: [`HfConfig`] mirrors the file (optional keys stay `Option`),
-//! [`LlamaConfig::from_hf`] checks it and fills the defaults into plain numbers.
+//! Two steps, as candle does: [`HfConfig`] mirrors the file (optional keys stay `Option`;
+//! `hf.rs`), [`LlamaConfig::from_hf`] checks it and fills the defaults into plain numbers
+//! (here), with each family's rules (`family.rs`).
 
-use serde::{Deserialize, Serialize};
 use std::path::Path;
 
 use kernels::layer::Activation;
 
-use crate::util::files::{FileError, read_text_bounded};
+use crate::util::files::FileError;
+
+mod family;
+mod hf;
+
+pub use family::Family;
+use family::{activation_named, gemma_full_attention_layers, layers_without_rope};
+pub use hf::{GenerationConfig, HfConfig, RopeField, RopeParameters, TokenIds};
 
 /// Largest config.json we read: real ones are a few KB.
 pub const CONFIG_LIMIT: u64 = 1 << 20;
@@ -38,217 +45,6 @@ pub enum ConfigError {
     Architecture(String),
     #[error("invalid config: {0}")]
     Invalid(String),
-}
-
-/// `eos_token_id` is a single id in some checkpoints and a list in others.
-#[derive(Debug, Clone, Deserialize, Serialize, PartialEq)]
-#[serde(untagged)]
-pub enum TokenIds {
-    One(u32),
-    Many(Vec<u32>),
-}
-
-impl TokenIds {
-    pub fn to_vec(&self) -> Vec<u32> {
-        match self {
-            TokenIds::One(id) => vec![*id],
-            TokenIds::Many(ids) => ids.clone(),
-        }
-    }
-}
-
-/// The model families this runtime runs. All are Llama's decoder (pre-norm, RoPE,
-/// grouped-query attention, SwiGLU); they differ in what the config turns on.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Family {
-    /// `LlamaForCausalLM`: Llama 2 and 3.x, SmolLM, TinyLlama, ...
-    Llama,
-    /// `MistralForCausalLM`: no biases; `sliding_window` (4096 when absent, `null` for none).
-    Mistral,
-    /// `Qwen2ForCausalLM`: q, k and v always have a bias, o never.
-    Qwen2,
-    /// `Qwen3ForCausalLM`: each head's query and key RMS-normalized before RoPE (`q_norm`,
-    /// `k_norm`); biases as `attention_bias` says (none in the published models).
-    Qwen3,
-    /// `SmolLM3ForCausalLM`: no RoPE in the layers `no_rope_layers` marks 0 (every fourth
-    /// by default, `no_rope_layer_interval`).
-    SmolLM3,
-    /// `Gemma3ForCausalLM` (the text models, `gemma3_text`): sliding-window layers
-    /// interleaved with global ones, each kind with its own RoPE base; q/k norms; norms
-    /// around both attention and MLP (sandwich); embeddings scaled by `sqrt(hidden)`;
-    /// GELU-tanh; norm weights stored as offsets from 1; attention scaled by
-    /// `query_pre_attn_scalar`.
-    Gemma3,
-    /// `Phi3ForCausalLM`: q, k and v in one fused projection, gate and up in another (the
-    /// converter splits them); `sliding_window` over every layer when given.
-    Phi3,
-}
-
-/// (`architectures` entry, `model_type`, family).
-const FAMILIES: [(&str, &str, Family); 7] = [
-    ("LlamaForCausalLM", "llama", Family::Llama),
-    ("MistralForCausalLM", "mistral", Family::Mistral),
-    ("Qwen2ForCausalLM", "qwen2", Family::Qwen2),
-    ("Qwen3ForCausalLM", "qwen3", Family::Qwen3),
-    ("SmolLM3ForCausalLM", "smollm3", Family::SmolLM3),
-    ("Gemma3ForCausalLM", "gemma3_text", Family::Gemma3),
-    ("Phi3ForCausalLM", "phi3", Family::Phi3),
-];
-
-impl Family {
-    /// The transformers class of the family.
-    fn architecture(self) -> &'static str {
-        let listed = FAMILIES.iter().find(|(.., family)| *family == self);
-        listed.expect("every family is listed").0
-    }
-
-    /// The family `hf` names: its first `architectures` entry, or `model_type` without one.
-    fn of(hf: &HfConfig) -> Result<Self, ConfigError> {
-        let known = match hf.architectures.first() {
-            Some(name) => FAMILIES.iter().find(|(arch, ..)| arch == name),
-            None => (hf.model_type.as_deref())
-                .and_then(|t| FAMILIES.iter().find(|(_, model_type, _)| *model_type == t)),
-        };
-        known.map(|&(.., family)| family).ok_or_else(|| {
-            ConfigError::Architecture(
-                (hf.architectures.first().cloned())
-                    .or_else(|| hf.model_type.clone())
-                    .unwrap_or_else(|| "(none given)".into()),
-            )
-        })
-    }
-}
-
-/// config.json as transformers writes it for the [`Family`] models (the keys we read).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-pub struct HfConfig {
-    #[serde(default)]
-    pub architectures: Vec<String>,
-    pub model_type: Option<String>,
-    pub hidden_size: usize,
-    pub intermediate_size: usize,
-    pub num_hidden_layers: usize,
-    pub num_attention_heads: usize,
-    pub num_key_value_heads: Option<usize>,
-    pub head_dim: Option<usize>,
-    pub vocab_size: usize,
-    pub rms_norm_eps: Option<f64>,
-    pub rope_theta: Option<f64>,
-    /// RoPE scaling as the hub's files write it (transformers < 5).
-    pub rope_scaling: Option<RopeParameters>,
-    /// transformers ≥ 5 writes RoPE's theta and scaling here instead (Gemma 3: one set per
-    /// layer type).
-    pub rope_parameters: Option<RopeField>,
-    pub partial_rotary_factor: Option<f64>,
-    pub max_position_embeddings: usize,
-    pub tie_word_embeddings: Option<bool>,
-    pub hidden_act: Option<String>,
-    /// Gemma's name for `hidden_act`.
-    pub hidden_activation: Option<String>,
-    pub attention_bias: Option<bool>,
-    pub mlp_bias: Option<bool>,
-    /// Mistral's and Qwen2's window: absent (`None`) and `null` (`Some(None)`) differ.
-    #[serde(default, deserialize_with = "present")]
-    pub sliding_window: Option<Option<usize>>,
-    /// Qwen2: whether `sliding_window` applies at all.
-    pub use_sliding_window: Option<bool>,
-    /// Per-layer attention kinds (transformers ≥ 4.53): `full_attention` or
-    /// `sliding_attention`.
-    pub layer_types: Option<Vec<String>>,
-    /// SmolLM3: per layer, 1 where it applies RoPE, 0 where not; without it, every
-    /// `no_rope_layer_interval`-th layer has none.
-    pub no_rope_layers: Option<Vec<u8>>,
-    pub no_rope_layer_interval: Option<usize>,
-    /// Gemma 3: scores scaled by `query_pre_attn_scalar^-0.5` instead of `head_dim`'s.
-    pub query_pre_attn_scalar: Option<f64>,
-    /// Gemma 3 as the hub writes it: the sliding-window layers' RoPE base, and one layer in
-    /// `sliding_window_pattern` global (the last of each run) when `layer_types` is absent.
-    pub rope_local_base_freq: Option<f64>,
-    pub sliding_window_pattern: Option<usize>,
-    /// Gemma 2's soft caps (`null` in Gemma 3's configs) and EmbeddingGemma's
-    /// bidirectional attention: refused.
-    pub attn_logit_softcapping: Option<f64>,
-    pub final_logit_softcapping: Option<f64>,
-    pub use_bidirectional_attention: Option<bool>,
-    pub bos_token_id: Option<u32>,
-    pub eos_token_id: Option<TokenIds>,
-}
-
-/// Deserializes a key that is present, `null` included, as `Some`: with `#[serde(default)]`
-/// an absent key stays `None`.
-fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: Deserialize<'de>,
-{
-    T::deserialize(deserializer).map(Some)
-}
-
-/// generation_config.json: the keys we read. Optional in a checkpoint; the converter and
-/// the runtime read it with this one parser, so a file the runtime would refuse never
-/// makes it into an artifact.
-#[derive(Debug, Clone, Default, Deserialize)]
-pub struct GenerationConfig {
-    pub bos_token_id: Option<TokenIds>,
-    /// Ids that end a sequence, besides config.json's.
-    pub eos_token_id: Option<TokenIds>,
-}
-
-impl GenerationConfig {
-    /// Reads `path`; `None` if there is no such file.
-    pub fn from_file(path: &Path) -> Result<Option<Self>, ConfigError> {
-        let text = match read_text_bounded(path, CONFIG_LIMIT) {
-            Ok(text) => text,
-            Err(e) if e.is_not_found() => return Ok(None),
-            Err(e) => return Err(e.into()),
-        };
-        serde_json::from_str(&text)
-            .map(Some)
-            .map_err(|error| ConfigError::Parse {
-                path: path.display().to_string(),
-                error,
-            })
-    }
-}
-
-/// `rope_scaling` (hub files) or `rope_parameters` (transformers ≥ 5): the same keys,
-/// besides `rope_theta`, which older files keep at the top level.
-#[derive(Debug, Clone, Default, Deserialize, Serialize)]
-pub struct RopeParameters {
-    pub rope_theta: Option<f64>,
-    /// Older files say `type`.
-    #[serde(alias = "type")]
-    pub rope_type: Option<String>,
-    pub factor: Option<f64>,
-    pub low_freq_factor: Option<f64>,
-    pub high_freq_factor: Option<f64>,
-    pub original_max_position_embeddings: Option<f64>,
-    pub attention_factor: Option<f64>,
-    pub beta_fast: Option<f64>,
-    pub beta_slow: Option<f64>,
-    pub mscale: Option<f64>,
-    pub mscale_all_dim: Option<f64>,
-    pub truncate: Option<bool>,
-    pub partial_rotary_factor: Option<f64>,
-}
-
-/// `rope_parameters`: one set for every layer, or (Gemma 3) one per layer type
-/// (`full_attention`, `sliding_attention`).
-#[derive(Debug, Clone, Deserialize, Serialize)]
-#[serde(untagged)]
-pub enum RopeField {
-    ByLayerType(std::collections::BTreeMap<String, RopeParameters>),
-    Flat(RopeParameters),
-}
-
-impl RopeField {
-    /// The parameters of layers of `kind`: the flat set, or that type's.
-    fn of(&self, kind: &str) -> Option<&RopeParameters> {
-        match self {
-            Self::Flat(parameters) => Some(parameters),
-            Self::ByLayerType(types) => types.get(kind),
-        }
-    }
 }
 
 /// How RoPE's frequencies are changed to stretch a model's context, as transformers'
@@ -427,18 +223,6 @@ pub struct LlamaConfig {
     pub eos_token_ids: Vec<u32>,
 }
 
-/// The activation transformers' `ACT2FN` names `name`.
-fn activation_named(name: &str) -> Result<Activation, ConfigError> {
-    match name {
-        "silu" | "swish" => Ok(Activation::Silu),
-        "gelu_pytorch_tanh" => Ok(Activation::GeluTanh),
-        other => Err(ConfigError::Invalid(format!(
-            "hidden_act {other:?} is not supported (supported: \"silu\", \
-                 \"gelu_pytorch_tanh\")"
-        ))),
-    }
-}
-
 /// Which rotary table turns a layer's queries and keys.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Rotation {
@@ -448,46 +232,6 @@ pub enum Rotation {
     Global,
     /// The sliding-window layers' own ([`LlamaConfig::sliding_rope_theta`]).
     Sliding,
-}
-
-/// SmolLM3's NoPE layers, as transformers' `SmolLM3Config` reads them: `no_rope_layers`
-/// (1 = RoPE, 0 = none, one a layer), else every `no_rope_layer_interval`-th layer (4).
-fn layers_without_rope(hf: &HfConfig) -> Result<Vec<usize>, ConfigError> {
-    let invalid = |msg: String| Err(ConfigError::Invalid(msg));
-    if hf.use_sliding_window == Some(true) {
-        return invalid(
-            "use_sliding_window: true is not supported for SmolLM3ForCausalLM (its NoPE \
-             layers would take a window)"
-                .into(),
-        );
-    }
-    match (&hf.no_rope_layers, hf.no_rope_layer_interval.unwrap_or(4)) {
-        (Some(flags), _) if flags.len() != hf.num_hidden_layers => invalid(format!(
-            "no_rope_layers has {} entries for {} layers",
-            flags.len(),
-            hf.num_hidden_layers
-        )),
-        (Some(flags), _) => match flags.iter().find(|&&flag| flag > 1) {
-            Some(flag) => invalid(format!(
-                "no_rope_layers holds {flag}; only 0 and 1 mean something"
-            )),
-            None => Ok((0..flags.len()).filter(|&i| flags[i] == 0).collect()),
-        },
-        (None, 0) => invalid("no_rope_layer_interval 0 is not a layer interval".into()),
-        (None, interval) => Ok((0..hf.num_hidden_layers)
-            .filter(|layer| (layer + 1) % interval == 0)
-            .collect()),
-    }
-}
-
-impl HfConfig {
-    pub fn from_file(path: &Path) -> Result<Self, ConfigError> {
-        let text = read_text_bounded(path, CONFIG_LIMIT)?;
-        serde_json::from_str(&text).map_err(|error| ConfigError::Parse {
-            path: path.display().to_string(),
-            error,
-        })
-    }
 }
 
 impl LlamaConfig {
@@ -806,40 +550,6 @@ impl LlamaConfig {
                 .map(TokenIds::to_vec)
                 .unwrap_or_default(),
         })
-    }
-}
-
-/// Gemma 3's global layers: `layer_types`' `full_attention` entries (the others must be
-/// `sliding_attention`), else the last of every `sliding_window_pattern` (6) layers, as
-/// transformers' `Gemma3TextConfig` reads them.
-fn gemma_full_attention_layers(hf: &HfConfig) -> Result<Vec<usize>, ConfigError> {
-    let invalid = |msg: String| Err(ConfigError::Invalid(msg));
-    match (&hf.layer_types, hf.sliding_window_pattern.unwrap_or(6)) {
-        (Some(types), _) if types.len() != hf.num_hidden_layers => invalid(format!(
-            "layer_types has {} entries for {} layers",
-            types.len(),
-            hf.num_hidden_layers
-        )),
-        (Some(types), _) => {
-            let mut full = Vec::new();
-            for (layer, kind) in types.iter().enumerate() {
-                match kind.as_str() {
-                    "full_attention" => full.push(layer),
-                    "sliding_attention" => {}
-                    other => {
-                        return invalid(format!(
-                            "layer_types {other:?} is not supported (only \"full_attention\" \
-                             and \"sliding_attention\")"
-                        ));
-                    }
-                }
-            }
-            Ok(full)
-        }
-        (None, 0) => invalid("sliding_window_pattern 0 is not a layer interval".into()),
-        (None, pattern) => Ok((0..hf.num_hidden_layers)
-            .filter(|layer| (layer + 1) % pattern == 0)
-            .collect()),
     }
 }
 

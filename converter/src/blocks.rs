@@ -82,8 +82,8 @@ pub fn read_header(bytes: &[u8]) -> Result<BTreeMap<String, BlockTensor>> {
         let Some(type_name) = types.get(&name) else {
             bail!("tensor {name} has no ggml type in the metadata");
         };
-        let Some(ty) = BlockType::ALL.into_iter().find(|t| t.name() == type_name) else {
-            let kept: Vec<&str> = BlockType::ALL.iter().map(|t| t.name()).collect();
+        let Some(ty) = BlockType::KEPT.into_iter().find(|t| t.name() == type_name) else {
+            let kept: Vec<&str> = BlockType::KEPT.iter().map(|t| t.name()).collect();
             bail!(
                 "tensor {name} has ggml type {type_name:?}, not one kept as blocks ({})",
                 kept.join(", ")

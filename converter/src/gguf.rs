@@ -11,7 +11,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 
-pub use crate::quants::GgmlType;
+use crate::quants::GgmlType;
 use crate::quants::dequantize;
 use runtime::util::files::MappedFile;
 

@@ -19,7 +19,7 @@ use std::path::{Path, PathBuf};
 use common::{converter, logits};
 use converter::gguf::Gguf;
 use converter::import::hf_name;
-use kernels::quant::BlockType;
+use converter::quants::GgmlType;
 use runtime::FlexBackend;
 use runtime::generate::Generator;
 use runtime::util::file_names::WEIGHTS_FILE;
@@ -83,9 +83,10 @@ fn import_and_convert_keep_every_block_bit_for_bit() {
             let Some(entry) = file.entry(path) else {
                 panic!("{fixture}: {path} is not in weights.bin");
             };
-            let ty = BlockType::ALL
-                .into_iter()
-                .find(|ty| ty.name() == info.ggml_type.name());
+            let ty = match info.ggml_type {
+                GgmlType::Blocks(ty) if ty.kept() => Some(ty),
+                _ => None,
+            };
             match ty {
                 Some(ty) => {
                     kept += 1;

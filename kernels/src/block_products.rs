@@ -258,7 +258,8 @@ pub(crate) mod avx512 {
     /// `xs`, handed to `store(vector, row, value)`.
     ///
     /// # Safety
-    /// AVX-512F present; each row holds `d_in` values (a multiple of 32) of `ty` blocks;
+    /// AVX-512F present; `ty` kept ([`BlockType::kept`]); each row holds `d_in` values (a
+    /// multiple of 32) of `ty` blocks;
     /// `xs` holds `n * d_in` values.
     #[target_feature(enable = "avx512f")]
     pub(crate) unsafe fn four(
@@ -275,6 +276,7 @@ pub(crate) mod avx512 {
                 BlockType::Q5_0 => four_of(rows.map(Q5_0), xs, d_in, store),
                 BlockType::Q4K => four_of(rows.map(Q4K), xs, d_in, store),
                 BlockType::Q6K => four_of(rows.map(Q6K), xs, d_in, store),
+                other => unreachable!("{other} is not kept as blocks"),
             }
         }
     }

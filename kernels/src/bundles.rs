@@ -303,8 +303,9 @@ fn block_bundles_of(
         out,
         stride,
     };
+    // The block kernels cover the kept types; any other decodes below, as on any CPU.
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if std::is_x86_feature_detected!("avx512f") && ty.kept() {
         for s in bundles.start.min(quarter)..bundles.end.min(quarter) {
             let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
             let mut store = |b: usize, k: usize, value: f32| products.store(b, rows[k], value);

@@ -98,7 +98,7 @@ impl Format {
         match ty {
             BlockType::Q8_0 | BlockType::Q4_0 => Some(Format::Blocks32),
             BlockType::Q4K | BlockType::Q6K => Some(Format::Blocks256),
-            BlockType::Q5_0 => None,
+            _ => None,
         }
     }
 }
@@ -403,7 +403,7 @@ mod avx512 {
                 BlockType::Q4_0 => four_of::<Q4_0>(rows, inputs, store),
                 BlockType::Q4K => four_of::<Q4K>(rows, inputs, store),
                 BlockType::Q6K => four_of::<Q6K>(rows, inputs, store),
-                BlockType::Q5_0 => unreachable!("no int8 kernel for Q5_0"),
+                other => unreachable!("no int8 kernel for {other}"),
             }
         }
     }
@@ -423,7 +423,7 @@ mod avx512 {
                 BlockType::Q4_0 => one_of::<Q4_0>(row, inputs, store),
                 BlockType::Q4K => one_of::<Q4K>(row, inputs, store),
                 BlockType::Q6K => one_of::<Q6K>(row, inputs, store),
-                BlockType::Q5_0 => unreachable!("no int8 kernel for Q5_0"),
+                other => unreachable!("no int8 kernel for {other}"),
             }
         }
     }

@@ -61,6 +61,7 @@ fn scale_offsets(ty: BlockType) -> &'static [usize] {
         BlockType::Q8_0 | BlockType::Q4_0 | BlockType::Q5_0 => &[0],
         BlockType::Q4K => &[0, 2],
         BlockType::Q6K => &[208],
+        other => panic!("{other} is not kept, so not tested here"),
     }
 }
 
@@ -240,7 +241,7 @@ fn rows_quantized_in_parallel_equal_one_by_one() {
 #[test]
 fn every_type_decodes_as_gguf_py() {
     let mut failures = Vec::new();
-    for ty in BlockType::ALL {
+    for ty in BlockType::KEPT {
         let blocks = fixture(&format!("{ty}.blocks"));
         let want = f32s(&fixture(&format!("{ty}.f32")));
         assert_eq!(blocks.len() % ty.bytes(), 0, "{ty}: whole blocks");
@@ -265,7 +266,7 @@ fn every_type_decodes_as_gguf_py() {
 /// named; the fixture's finite blocks pass.
 #[test]
 fn first_bad_scale_finds_each_types_nan_and_inf() {
-    for ty in BlockType::ALL {
+    for ty in BlockType::KEPT {
         let good = fixture(&format!("{ty}.blocks"));
         let blocks = good.len() / ty.bytes();
         assert_eq!(ty.first_bad_scale(&good), None, "{ty}: finite scales");

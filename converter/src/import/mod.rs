@@ -26,6 +26,7 @@ use serde_json::{Value as Json, json};
 
 use crate::blocks;
 use crate::gguf::{Gguf, TensorInfo};
+use crate::quants::GgmlType;
 use crate::staging::Staging;
 use config::Hyperparams;
 pub use names::hf_name;
@@ -179,10 +180,11 @@ const EMBEDDING: &str = "model.embed_tokens.weight";
 /// projections, see `import_gguf`) of a type the runtime keeps, its rows (ggml's innermost
 /// dimension) whole blocks.
 fn kept_blocks(info: &TensorInfo) -> Option<BlockType> {
-    let ty = BlockType::ALL
-        .into_iter()
-        .find(|ty| ty.name() == info.ggml_type.name())?;
-    (info.dims.len() == 2 && ty.row_bytes(info.dims[0] as usize).is_some()).then_some(ty)
+    let GgmlType::Blocks(ty) = info.ggml_type else {
+        return None;
+    };
+    (ty.kept() && info.dims.len() == 2 && ty.row_bytes(info.dims[0] as usize).is_some())
+        .then_some(ty)
 }
 
 /// The heads a tensor's rows are permuted by: llama.cpp interleaves the two rotary halves

@@ -207,7 +207,7 @@ impl Rounded {
                 BlockType::Q4_0 => run::<8, 8, true>(packed, x, sums32, d, out, stride, shape),
                 BlockType::Q4K => run::<8, 0, false>(packed, x, sums32, d, out, stride, shape),
                 BlockType::Q6K => run::<4, 32, false>(packed, x, sums16, d, out, stride, shape),
-                BlockType::Q5_0 => unreachable!("no int8 kernel for Q5_0"),
+                other => unreachable!("no int8 kernel for {other}"),
             }
         }
     }
@@ -384,7 +384,7 @@ mod avx512 {
                         store(32 * c, code);
                     }
                 }
-                BlockType::Q5_0 => unreachable!("no int8 kernel for Q5_0"),
+                other => unreachable!("no int8 kernel for {other}"),
             }
         }
     }

@@ -1,7 +1,8 @@
 //! Quantized matrices as ggml stores them: each row of a weight (one output's inputs, as the
 //! matrix-vector kernels read it) a run of blocks, each block a few scales and small
-//! integers for 32 or 256 consecutive inputs. The block types kept in memory ([`BlockType`]),
-//! their decoding to f32, and quantizing f32 rows into them with ggml's reference algorithm.
+//! integers for 32 or 256 consecutive inputs. ggml's block types ([`BlockType`]), their
+//! decoding to f32, which of them the kernels keep, and quantizing f32 rows into those with
+//! ggml's reference algorithm.
 //!
 //! Decoding gives exactly the f32 values gguf-py's `gguf.quants.dequantize` gives (the same
 //! f32 operations in the same order: a scale times an integer, then minus a minimum), which
@@ -11,89 +12,135 @@
 
 use half::f16;
 
+mod imported;
 mod k;
 
-/// The block types a matrix can be kept in.
+/// ggml's block types: every one a GGUF we import may hold, decoded to f32 exactly as gguf-py
+/// decodes it. The kernels compute on the [`KEPT`](BlockType::KEPT) ones; the others are
+/// decoded once, at import.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum BlockType {
-    /// 32 values: `d: f16, qs: [i8; 32]`, value `q * d`.
-    Q8_0,
     /// 32 values: `d: f16, qs: [u8; 16]`, value `(q - 8) * d`; byte `j` holds values `j`
     /// (low nibble) and `j + 16` (high).
     Q4_0,
+    /// 32 values: `d, m: f16, qs: [u8; 16]`, value `d * q + m`, Q4_0's nibbles.
+    Q4_1,
     /// 32 values: `d: f16, qh: u32, qs: [u8; 16]`, value `(q - 16) * d` with Q4_0's nibbles
     /// and bit `i` of `qh` as value `i`'s fifth bit.
     Q5_0,
+    /// 32 values: `d, m: f16, qh: u32, qs: [u8; 16]`, value `d * q + m`, Q5_0's bits.
+    Q5_1,
+    /// 32 values: `d: f16, qs: [i8; 32]`, value `q * d`.
+    Q8_0,
+    /// 256 values in sixteen groups of 16: `scales: [u8; 16], qs: [u8; 64], d, dmin: f16`.
+    Q2K,
+    /// 256 values in sixteen groups of 16: `hmask: [u8; 32], qs: [u8; 64], scales: [u8; 12],
+    /// d: f16`.
+    Q3K,
     /// 256 values in eight groups of 32: `d, dmin: f16, scales: [u8; 12], qs: [u8; 128]`,
     /// value `(d * scale) * q - dmin * min`; six-bit scales and mins.
     Q4K,
+    /// Q4_K with a fifth bit per value: `d, dmin: f16, scales: [u8; 12], qh: [u8; 32],
+    /// qs: [u8; 128]`.
+    Q5K,
     /// 256 values in sixteen groups of 16: `ql: [u8; 128], qh: [u8; 64], scales: [i8; 16],
     /// d: f16`, value `(d * scale) * (q - 32)`, six-bit q.
     Q6K,
 }
 
+/// What ggml's type traits say of a block type: one row per type in [`BlockType::traits`].
+struct Traits {
+    /// ggml's name (`Q4_K`), as GGUF tools print it.
+    name: &'static str,
+    /// The name in lower case (`q4_k`), as the weights file and `--weights` write it.
+    lower: &'static str,
+    /// ggml.h's `enum ggml_type` id.
+    ggml_id: u32,
+    /// Values per block.
+    values: usize,
+    /// Bytes per block.
+    bytes: usize,
+    /// Byte offsets of the block's f16 scales (and minimums), which must be finite for its
+    /// values to be.
+    scales: &'static [usize],
+}
+
 impl BlockType {
     /// Every type, in ggml's id order.
-    pub const ALL: [BlockType; 5] = [Self::Q4_0, Self::Q5_0, Self::Q8_0, Self::Q4K, Self::Q6K];
+    pub const ALL: [BlockType; 10] = [
+        Self::Q4_0,
+        Self::Q4_1,
+        Self::Q5_0,
+        Self::Q5_1,
+        Self::Q8_0,
+        Self::Q2K,
+        Self::Q3K,
+        Self::Q4K,
+        Self::Q5K,
+        Self::Q6K,
+    ];
+
+    /// The types the kernels compute on as blocks (`block_products`, `int8`), in ggml's id
+    /// order: a model keeps a projection of one of these as the GGUF's own blocks.
+    pub const KEPT: [BlockType; 5] = [Self::Q4_0, Self::Q5_0, Self::Q8_0, Self::Q4K, Self::Q6K];
+
+    #[rustfmt::skip]
+    const fn traits(self) -> Traits {
+        const fn t(name: &'static str, lower: &'static str, ggml_id: u32, values: usize, bytes: usize, scales: &'static [usize]) -> Traits {
+            Traits { name, lower, ggml_id, values, bytes, scales }
+        }
+        match self {
+            Self::Q4_0 => t("Q4_0", "q4_0", 2, 32, 18, &[0]),
+            Self::Q4_1 => t("Q4_1", "q4_1", 3, 32, 20, &[0, 2]),
+            Self::Q5_0 => t("Q5_0", "q5_0", 6, 32, 22, &[0]),
+            Self::Q5_1 => t("Q5_1", "q5_1", 7, 32, 24, &[0, 2]),
+            Self::Q8_0 => t("Q8_0", "q8_0", 8, 32, 34, &[0]),
+            Self::Q2K => t("Q2_K", "q2_k", 10, 256, 84, &[80, 82]),
+            Self::Q3K => t("Q3_K", "q3_k", 11, 256, 110, &[108]),
+            Self::Q4K => t("Q4_K", "q4_k", 12, 256, 144, &[0, 2]),
+            Self::Q5K => t("Q5_K", "q5_k", 13, 256, 176, &[0, 2]),
+            Self::Q6K => t("Q6_K", "q6_k", 14, 256, 210, &[208]),
+        }
+    }
 
     /// ggml's name for it (`Q4_K`), as GGUF tools print it.
     pub fn name(self) -> &'static str {
-        match self {
-            Self::Q8_0 => "Q8_0",
-            Self::Q4_0 => "Q4_0",
-            Self::Q5_0 => "Q5_0",
-            Self::Q4K => "Q4_K",
-            Self::Q6K => "Q6_K",
-        }
+        self.traits().name
+    }
+
+    /// Its name in lower case (`q4_k`), as the weights file's index and `--weights` write it.
+    pub fn lower_name(self) -> &'static str {
+        self.traits().lower
     }
 
     /// ggml.h's `enum ggml_type` id.
     pub fn ggml_id(self) -> u32 {
-        match self {
-            Self::Q4_0 => 2,
-            Self::Q5_0 => 6,
-            Self::Q8_0 => 8,
-            Self::Q4K => 12,
-            Self::Q6K => 14,
-        }
+        self.traits().ggml_id
     }
 
     pub fn from_ggml_id(id: u32) -> Option<Self> {
         Self::ALL.into_iter().find(|t| t.ggml_id() == id)
     }
 
+    /// Whether the kernels compute on it as blocks ([`Self::KEPT`]).
+    pub fn kept(self) -> bool {
+        Self::KEPT.contains(&self)
+    }
+
     /// Values per block.
     pub const fn values(self) -> usize {
-        match self {
-            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 => 32,
-            Self::Q4K | Self::Q6K => 256,
-        }
+        self.traits().values
     }
 
     /// Bytes per block.
     pub const fn bytes(self) -> usize {
-        match self {
-            Self::Q8_0 => 34,
-            Self::Q4_0 => 18,
-            Self::Q5_0 => 22,
-            Self::Q4K => 144,
-            Self::Q6K => 210,
-        }
+        self.traits().bytes
     }
 
     /// Bytes of a row of `d_in` values, or `None` unless `d_in` is a whole number of blocks.
     pub fn row_bytes(self, d_in: usize) -> Option<usize> {
         d_in.is_multiple_of(self.values())
             .then(|| d_in / self.values() * self.bytes())
-    }
-
-    /// Byte offsets of the block's f16 scales, which must be finite for its values to be.
-    fn scale_offsets(self) -> &'static [usize] {
-        match self {
-            Self::Q8_0 | Self::Q4_0 | Self::Q5_0 => &[0],
-            Self::Q4K => &[0, 2],
-            Self::Q6K => &[208],
-        }
     }
 
     /// Whether it can quantize f32 values at load (`quantize`).
@@ -106,7 +153,7 @@ impl BlockType {
     /// be one too.
     pub fn first_bad_scale(self, blocks: &[u8]) -> Option<usize> {
         blocks.chunks_exact(self.bytes()).position(|block| {
-            (self.scale_offsets().iter()).any(|&at| !half_at(block, at).is_finite())
+            (self.traits().scales.iter()).any(|&at| !half_at(block, at).is_finite())
         })
     }
 
@@ -132,6 +179,11 @@ impl BlockType {
                 Self::Q5_0 => q5_0(block, out),
                 Self::Q4K => q4_k(block, out),
                 Self::Q6K => q6_k(block, out),
+                Self::Q4_1 => imported::q4_1(block, out),
+                Self::Q5_1 => imported::q5_1(block, out),
+                Self::Q2K => imported::q2_k(block, out),
+                Self::Q3K => imported::q3_k(block, out),
+                Self::Q5K => imported::q5_k(block, out),
             }
         }
     }
@@ -163,7 +215,7 @@ impl std::fmt::Display for BlockType {
 
 /// The f16 at byte `i` of `b`, as f32.
 #[inline(always)]
-fn half_at(b: &[u8], i: usize) -> f32 {
+pub(crate) fn half_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
 }
 

@@ -104,7 +104,7 @@ impl TryFrom<StoredEntry> for Entry {
 
     fn try_from(entry: StoredEntry) -> Result<Self, String> {
         let dtype = Dtype::from_name(&entry.dtype).ok_or_else(|| {
-            let names: Vec<&str> = Dtype::ALL.iter().map(|d| d.name()).collect();
+            let names: Vec<&str> = Dtype::all().map(|d| d.name()).collect();
             format!(
                 "{} has dtype {:?}, which this runtime does not read (it reads {})",
                 entry.path,
@@ -132,32 +132,24 @@ pub enum Dtype {
 }
 
 impl Dtype {
-    /// Every type, as the index names them.
-    pub const ALL: [Dtype; 7] = [
-        Dtype::F32,
-        Dtype::Bf16,
-        Dtype::Blocks(BlockType::Q8_0),
-        Dtype::Blocks(BlockType::Q4_0),
-        Dtype::Blocks(BlockType::Q5_0),
-        Dtype::Blocks(BlockType::Q4K),
-        Dtype::Blocks(BlockType::Q6K),
-    ];
+    /// Every type, as the index names them: the element types, then the kept block types.
+    pub fn all() -> impl Iterator<Item = Dtype> {
+        [Dtype::F32, Dtype::Bf16]
+            .into_iter()
+            .chain(BlockType::KEPT.map(Dtype::Blocks))
+    }
 
     /// Its name in the index: `f32`, `bf16`, and ggml's type names in lower case (`q4_k`).
     pub fn name(self) -> &'static str {
         match self {
             Dtype::F32 => "f32",
             Dtype::Bf16 => "bf16",
-            Dtype::Blocks(BlockType::Q8_0) => "q8_0",
-            Dtype::Blocks(BlockType::Q4_0) => "q4_0",
-            Dtype::Blocks(BlockType::Q5_0) => "q5_0",
-            Dtype::Blocks(BlockType::Q4K) => "q4_k",
-            Dtype::Blocks(BlockType::Q6K) => "q6_k",
+            Dtype::Blocks(ty) => ty.lower_name(),
         }
     }
 
     pub fn from_name(name: &str) -> Option<Self> {
-        Self::ALL.into_iter().find(|d| d.name() == name)
+        Self::all().find(|d| d.name() == name)
     }
 
     /// The bytes a tensor of `shape` takes stored as this type, or why it cannot be stored

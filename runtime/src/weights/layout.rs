@@ -40,7 +40,7 @@ impl std::fmt::Display for Weights {
             Self::Auto => "auto",
             Self::Bf16 => "bf16",
             Self::F32 => "f32",
-            Self::Blocks(ty) => return f.write_str(&ty.name().to_lowercase()),
+            Self::Blocks(ty) => ty.lower_name(),
         })
     }
 }
@@ -53,11 +53,10 @@ impl std::str::FromStr for Weights {
             "auto" => Ok(Self::Auto),
             "bf16" => Ok(Self::Bf16),
             "f32" => Ok(Self::F32),
-            "q8_0" => Ok(Self::Blocks(BlockType::Q8_0)),
-            "q4_0" => Ok(Self::Blocks(BlockType::Q4_0)),
-            "q4_k" => Ok(Self::Blocks(BlockType::Q4K)),
-            "q6_k" => Ok(Self::Blocks(BlockType::Q6K)),
-            other => Err(format!("{other:?} is not one of {}", Self::NAMES)),
+            other => (BlockType::KEPT.into_iter())
+                .find(|ty| ty.quantizes() && ty.lower_name() == other)
+                .map(Self::Blocks)
+                .ok_or_else(|| format!("{other:?} is not one of {}", Self::NAMES)),
         }
     }
 }

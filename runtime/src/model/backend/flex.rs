@@ -466,7 +466,7 @@ fn blocks_rows(
         DType::I8 => 256,
         _ => return None,
     };
-    let ty = (BlockType::ALL.into_iter())
+    let ty = (BlockType::KEPT.into_iter())
         .find(|ty| ty.values() == values && ty.row_bytes(d_in) == Some(row_bytes))?;
     let bytes = weight.bytes().get(..row_bytes * d_out)?;
     Some(Rows::Blocks(ty, bytes))

@@ -9,11 +9,11 @@
 use std::path::{Path, PathBuf};
 
 use kernels::int8;
+use kernels::int8::Matmul;
 use kernels::quant::BlockType;
 use runtime::FlexBackend;
 use runtime::generate::Generator;
 use runtime::generate::sampling::log_partition;
-use runtime::model::backend::Matmul;
 use runtime::weights::layout::Weights;
 use serde::Deserialize;
 

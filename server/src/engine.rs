@@ -82,17 +82,17 @@ struct KeptCache<B: KernelBackend> {
 }
 
 /// The kept caches, least recently used first.
-struct Kept<B: KernelBackend> {
+struct KeptCaches<B: KernelBackend> {
     caches: Vec<KeptCache<B>>,
 }
 
-impl<B: KernelBackend> Default for Kept<B> {
+impl<B: KernelBackend> Default for KeptCaches<B> {
     fn default() -> Self {
         Self { caches: Vec::new() }
     }
 }
 
-impl<B: KernelBackend> Kept<B> {
+impl<B: KernelBackend> KeptCaches<B> {
     fn bytes(&self) -> u64 {
         self.caches.iter().map(|k| k.cache.bytes()).sum()
     }
@@ -208,7 +208,7 @@ impl<B: KernelBackend> Engine<B> {
         let mut running: Vec<Active<'_, B>> = Vec::new();
         // Admitted, their prompts not yet all run, in arrival order.
         let mut prefilling: VecDeque<Active<'_, B>> = VecDeque::new();
-        let mut kept = Kept::default();
+        let mut kept = KeptCaches::default();
         // Pieces the oldest waiting prompt has gone without in a row.
         let mut passed_over = 0;
         let mut open = true;
@@ -353,7 +353,7 @@ impl<B: KernelBackend> Engine<B> {
     fn admit<'t>(
         &'t self,
         job: Job,
-        kept: &mut Kept<B>,
+        kept: &mut KeptCaches<B>,
         prefilling: &mut VecDeque<Active<'t, B>>,
         metrics: &Metrics,
     ) {
@@ -437,7 +437,7 @@ impl<B: KernelBackend> Engine<B> {
     /// prefix shared, a new cache for the whole context (its memory grows as it fills).
     fn cache_for(
         &self,
-        kept: &mut Kept<B>,
+        kept: &mut KeptCaches<B>,
         prompt: &[u32],
         scope: &str,
     ) -> Option<(KvCache<B>, Vec<u32>)> {
@@ -485,7 +485,7 @@ impl<B: KernelBackend> Engine<B> {
             forked,
         }: Active<'_, B>,
         outcome: Result<(), Event>,
-        kept: &mut Kept<B>,
+        kept: &mut KeptCaches<B>,
         metrics: &Metrics,
     ) {
         metrics.running.fetch_sub(1, Ordering::Relaxed);

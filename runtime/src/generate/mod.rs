@@ -10,7 +10,9 @@ use burn::tensor::{Int, Tensor, TensorData};
 use serde::{Deserialize, Serialize};
 
 use crate::generate::sampling::{Sampler, SamplingParams, logprobs};
-use crate::model::backend::{KernelBackend, Matmul};
+use kernels::int8::Matmul;
+
+use crate::model::backend::KernelBackend;
 use crate::model::cache::{CacheError, KvCache, KvDtype};
 use crate::model::config::{ConfigError, GenerationConfig, LlamaConfig};
 use crate::model::llama::Llama;

@@ -11,7 +11,11 @@ use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor};
 use rayon::prelude::*;
 
-use crate::model::backend::{Heads, KernelBackend, LayerShape, LayerTensors, Matmul, Projection};
+use kernels::attention::Heads;
+use kernels::int8::Matmul;
+use kernels::layer::{LayerShape, Projection};
+
+use crate::model::backend::{KernelBackend, LayerTensors};
 use crate::model::cache::{CacheError, KvCache, LayerCache};
 use kernels::layer::Activation;
 

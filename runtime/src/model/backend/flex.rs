@@ -14,14 +14,12 @@ use burn::tensor::{Bytes, DType, Int, Shape, Tensor, TensorData, TensorPrimitive
 use burn_flex::{FlexTensor, Layout};
 use rayon::prelude::*;
 
-use super::{
-    Heads, KernelBackend, KvBuffers, KvDtype, LayerShape, LayerTensors, Matmul, reference, take,
-};
+use super::{KernelBackend, KvBuffers, KvDtype, LayerTensors, reference, take};
 use crate::FlexBackend;
 use crate::model::rope::RopeRows;
-use kernels::attention::{CausalAttention, Matrix};
-use kernels::layer::Activation;
-use kernels::layer::{self, KvSlot};
+use kernels::attention::{CausalAttention, Heads, Matrix};
+use kernels::int8::Matmul;
+use kernels::layer::{self, Activation, KvSlot, LayerShape};
 use kernels::matvec::{self, Rows};
 use kernels::quant::BlockType;
 use kernels::simd;

@@ -13,10 +13,9 @@ use burn::tensor::{Int, Tensor};
 
 use crate::NdArrayBackend;
 use crate::model::rope::RopeRows;
-pub use kernels::attention::Heads;
-pub use kernels::int8::Matmul;
-use kernels::layer::Activation;
-pub use kernels::layer::{LayerShape, LayerWeights, Projection};
+use kernels::attention::Heads;
+use kernels::int8::Matmul;
+use kernels::layer::{Activation, LayerShape, LayerWeights};
 use kernels::quant::BlockType;
 
 /// A decoder layer's tensors: norm weights and biases `[d]`, projection weights

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Makes converter/tests/data/grammar-reference.json: what Python llguidance and transformers
 do under a grammar on the tiny random checkpoints, for converter/tests/grammar.rs to hold the
-runtime's constrained decoding (runtime/src/grammar.rs, on the llguidance Rust crate) to.
+runtime's constrained decoding (runtime/src/text/grammar.rs, on the llguidance Rust crate) to.
 
 usage: ~/.cache/oracle-venv/bin/python scripts/make_grammar_reference.py \
            converter/tests/data/grammar-reference.json
@@ -72,7 +72,7 @@ PROMPT_LEN = 16
 MAX_NEW = 48
 N_SAMPLED = 3
 NEAR_TIE = 1e-4
-# runtime/src/grammar.rs's WHITESPACE, put in a schema's top level as `x-guidance`.
+# runtime/src/text/grammar.rs's WHITESPACE, put in a schema's top level as `x-guidance`.
 WHITESPACE = r"[\x20\x0A\x0D\x09]{1,24}"
 
 GRAMMARS = [
@@ -121,7 +121,7 @@ GRAMMARS = [
     }},
     # Words the grammar forces after a choice: llguidance asks the tokenizer for their tokens.
     {"kind": "regex", "source": "x(the weather|call the tools)!"},
-    # A tool call in the Hermes format, as runtime::tools::Format::grammar writes one.
+    # A tool call in the Hermes format, as runtime::text::tools::Format::grammar writes one.
     {"kind": "lark", "source": (
         'start: call ("\\n" call)*\n'
         'call: "<tool_call>\\n" %json {"anyOf": [{"type": "object", "properties": '
@@ -135,7 +135,7 @@ GRAMMARS = [
 
 
 def grammar_text(grammar):
-    """The grammar as LLMatcher takes it, built as runtime/src/grammar.rs builds it."""
+    """The grammar as LLMatcher takes it, built as runtime/src/text/grammar.rs builds it."""
     kind, source = grammar["kind"], grammar["source"]
     if kind == "json_schema":
         schema = source

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Fixtures for runtime/tests/quant.rs: gguf-py's quantizing and decoding of ggml blocks.
 
-The runtime keeps weights as ggml blocks (runtime/src/quant.rs). Its quantizer must make
+The runtime keeps weights as ggml blocks (kernels/src/quant/). Its quantizer must make
 the bytes gguf-py's `gguf.quants.quantize` makes, and its decoder the f32 values gguf-py's
 `gguf.quants.dequantize` gives, bit for bit. This script writes what gguf-py makes of:
 

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""Fixtures for runtime/tests/quant.rs: gguf-py's quantizing and decoding of ggml blocks.
+"""Fixtures for kernels/tests/quant.rs: gguf-py's quantizing and decoding of ggml blocks.
 
 The runtime keeps weights as ggml blocks (kernels/src/quant/). Its quantizer must make
 the bytes gguf-py's `gguf.quants.quantize` makes, and its decoder the f32 values gguf-py's
@@ -42,7 +42,7 @@ from gguf import GGML_QUANT_SIZES
 from gguf import GGMLQuantizationType as T
 from gguf.quants import dequantize, quantize
 
-OUT = sys.argv[1] if len(sys.argv) > 1 else "runtime/tests/data/quant"
+OUT = sys.argv[1] if len(sys.argv) > 1 else "kernels/tests/data/quant"
 QUANTIZED = [T.Q8_0, T.Q4_0]
 # Byte offsets of each decoded type's f16 scale fields (d, and dmin for Q4_K).
 HALF_FIELDS = {T.Q8_0: [0], T.Q4_0: [0], T.Q5_0: [0], T.Q4_K: [0, 2], T.Q6_K: [208]}

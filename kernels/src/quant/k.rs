@@ -5,7 +5,7 @@
 //! Each scale is the outcome of a search that compares f32 sums of squared errors, so a
 //! single rounding done differently can pick another scale and change every byte of a
 //! group. Every expression is therefore ggml's, in its order, in f32, products and sums
-//! each rounded: the library that `runtime/tests/quant.rs` compares against is built
+//! each rounded: the library that `kernels/tests/quant.rs` compares against is built
 //! for plain SSE2 (its disassembly has no FMA), so nothing is fused. `int` operands that C
 //! converts to float (`nmax`, a code `l`, a loop index) are converted at the same point.
 

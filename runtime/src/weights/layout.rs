@@ -328,6 +328,32 @@ fn transposed<E: Copy + Default + Send>(
 mod tests {
     use super::*;
 
+    /// `quantized`, which quantizes rows in parallel, makes the bytes `quantize` makes row
+    /// after row, whatever the thread count (on the kernels' hard quantizer inputs).
+    #[test]
+    fn rows_quantized_in_parallel_equal_one_by_one() {
+        let path = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../kernels/tests/data/quant/quantize.f32"
+        );
+        let bytes = std::fs::read(path).unwrap();
+        let values: Vec<f32> = (bytes.chunks_exact(4))
+            .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+            .collect();
+        let d_in = 64;
+        for ty in [BlockType::Q8_0, BlockType::Q4_0] {
+            let mut one_by_one = Vec::new();
+            for row in values.chunks_exact(d_in) {
+                ty.quantize(row, &mut one_by_one);
+            }
+            for threads in [1, 2, 3] {
+                let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build();
+                let parallel = pool.unwrap().install(|| quantized(&values, d_in, ty));
+                assert!(parallel == one_by_one, "{ty}, {threads} threads");
+            }
+        }
+    }
+
     #[test]
     fn transposed_moves_every_element() {
         for (rows, cols) in [(37, 70), (64, 32), (1, 5), (5, 1)] {

@@ -1,4 +1,4 @@
-//! The runtime's ggml blocks (`kernels::quant`) against gguf-py, and the kernels over them
+//! The kernels' ggml blocks (`kernels::quant`) against gguf-py, and the kernels over them
 //! against the same kernels over the values the blocks decode to.
 //!
 //! Fixtures in tests/data/quant, made by scripts/quant_blocks_oracle.py:
@@ -34,7 +34,6 @@ use kernels::linear::linear_rows;
 use kernels::matvec::{Rows, matvecs};
 use kernels::quant::BlockType;
 use kernels::team;
-use runtime::weights::layout;
 
 fn fixture(name: &str) -> Vec<u8> {
     let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -215,25 +214,6 @@ fn k_quants_decode_near_their_inputs() {
                 "{ty} block {i} ({}): max error {max:e}, mean {mean:e}, step {step:e}",
                 cases[i]
             );
-        }
-    }
-}
-
-/// `layout::quantized`, which quantizes rows in parallel, makes the bytes `quantize` makes
-/// row after row, whatever the thread count.
-#[test]
-fn rows_quantized_in_parallel_equal_one_by_one() {
-    let values = f32s(&fixture("quantize.f32"));
-    let d_in = 64;
-    for ty in [BlockType::Q8_0, BlockType::Q4_0] {
-        let mut one_by_one = Vec::new();
-        for row in values.chunks_exact(d_in) {
-            ty.quantize(row, &mut one_by_one);
-        }
-        for threads in [1, 2, 3] {
-            let pool = pool(threads);
-            let parallel = pool.install(|| layout::quantized(&values, d_in, ty));
-            assert!(parallel == one_by_one, "{ty}, {threads} threads");
         }
     }
 }

@@ -268,7 +268,7 @@ fn every_corruption_is_refused_with_its_error() {
             with_index(&good, |i| i["tensors"] = json!(7)),
         ),
         (
-            "its index is not valid: embed_tokens.weight has dtype \"f16\", which this runtime does not read (it reads f32, bf16, q8_0, q4_0, q5_0, q4_k, q6_k)",
+            "its index is not valid: embed_tokens.weight has dtype \"f16\", which this runtime does not read (it reads f32, bf16, q4_0, q5_0, q8_0, q4_k, q6_k)",
             with_index(&good, set(tensor(0) + "/dtype", json!("f16"))),
         ),
         (

@@ -12,7 +12,8 @@ fails, naming both modules and what one takes from the other, on:
 - a cycle between modules of any crate of the workspace;
 - a module of the kernels crate using one listed below it;
 - a runtime folder using a layer or crate (`burn`, `kernels`) not in its row;
-- a table row without its module or folder, or a module or folder missing from the table.
+- a table row without its module or folder, or a module or folder missing from the table;
+- a lib.rs that declares its modules in another order than its table.
 Prints "layers: ok" and exits 0 otherwise. Reads text, not rustc's resolution: a path
 written some other way (a glob re-export, a macro) is not seen.
 """
@@ -175,6 +176,19 @@ def name(m):
     return "::".join(m) or "crate root"
 
 
+def lib_order(src):
+    """The modules lib.rs declares, in its order (test-only ones left out)."""
+    code = code_of(os.path.join(src, "lib.rs"))
+    return [m.group(1) for m in re.finditer(r"^(?:pub(?:\([^)]*\))? )?mod (\w+);", code, re.M)]
+
+
+def check_order(crate, listed, table):
+    if listed != table:
+        return [f"{crate}/lib.rs declares its modules as {', '.join(listed)}; "
+                f"ARCHITECTURE.md's table lists {', '.join(table)}"]
+    return []
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."))
@@ -201,6 +215,7 @@ def main():
         problems.append(f"kernels/src: module {missing} is not in ARCHITECTURE.md's kernels table")
     for missing in sorted(set(order) - top):
         problems.append(f"ARCHITECTURE.md's kernels table names {missing}, which kernels/src lacks")
+    problems += check_order("kernels/src", lib_order(os.path.join(root, "kernels/src")), order)
     rank = {m: i for i, m in enumerate(order)}
     for a in sorted(adj):
         for b in sorted(adj[a]):
@@ -213,6 +228,9 @@ def main():
     # The runtime crate: each folder uses only the layers and crates in its row.
     mods, adj, codes = edges(os.path.join(root, "runtime/src"))
     allowed = {names(row[0])[0]: set(names(row[1])) for row in runtime_rows}
+    problems += check_order(
+        "runtime/src", lib_order(os.path.join(root, "runtime/src")), [names(r[0])[0] for r in runtime_rows]
+    )
     top = {m[0] for m in mods if m}
     for missing in sorted(top - set(allowed)):
         problems.append(f"runtime/src/{missing} is not in ARCHITECTURE.md's runtime table")

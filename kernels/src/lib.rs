@@ -19,19 +19,20 @@
 //! - [`attention`]: causal grouped-query attention, blocked for prompts, split for a token.
 //! - [`layer`]: one decoder layer for one token in one pass.
 
-pub mod attention;
+// Lowest first, as above (rustfmt.toml keeps the order).
+pub mod cpu;
+pub mod quant;
+pub mod stored;
+pub mod simd;
+pub mod team;
 pub mod block_products;
 pub mod bundles;
-pub mod cpu;
 pub mod int8;
-pub mod layer;
-pub mod linear;
 pub mod matvec;
 pub mod panels;
-pub mod quant;
-pub mod simd;
-pub mod stored;
-pub mod team;
+pub mod linear;
+pub mod attention;
+pub mod layer;
 
 #[cfg(test)]
 mod testing;

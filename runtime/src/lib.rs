@@ -41,11 +41,16 @@
 
 // Layers, lowest first: each uses only those before it (docs/ARCHITECTURE.md; checked by
 // scripts/check_layers.py). The kernels are a crate of their own, below them all.
-pub mod generate;
-pub mod model;
-pub mod text;
+/// Files within limits, the artifact's file names, panics as errors.
 pub mod util;
+/// Tokenizer, chat templates, grammars, tool calls, reasoning: text as token ids.
+pub mod text;
+/// config.json, the Burn module, its backends over the kernels, the KV cache.
+pub mod model;
+/// The manifest, the record, the weights file, loading a model.
 pub mod weights;
+/// The generator, its sequences, sampling, scoring.
+pub mod generate;
 
 /// The default CPU backend: burn-flex (gemm-based), with this crate's fused kernels.
 pub type FlexBackend = burn_flex::Flex<f32>;

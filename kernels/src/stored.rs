@@ -21,6 +21,7 @@ impl Stored for f32 {
         self
     }
 
+    #[inline(always)]
     fn narrow(x: f32) -> Self {
         x
     }
@@ -34,6 +35,7 @@ impl Stored for half::bf16 {
         f32::from_bits(u32::from(self.to_bits()) << 16)
     }
 
+    #[inline(always)]
     fn narrow(x: f32) -> Self {
         half::bf16::from_f32(x)
     }
@@ -60,6 +62,7 @@ impl Stored for half::f16 {
         f32::from_bits(sign | magnitude.to_bits())
     }
 
+    #[inline(always)]
     fn narrow(x: f32) -> Self {
         half::f16::from_f32(x)
     }

@@ -214,7 +214,7 @@ impl Kernel for Q8_0 {
             }
             c += 64;
         }
-        acc.map(|row| row.map(|a| _mm512_reduce_add_ps(a)))
+        sums(acc)
     }
 }
 
@@ -294,7 +294,7 @@ impl Kernel for Q4_0 {
                 }
             }
         }
-        acc.map(|row| row.map(|a| _mm512_reduce_add_ps(a)))
+        sums(acc)
     }
 }
 
@@ -365,7 +365,7 @@ impl Kernel for Q4K {
                 }
             }
         }
-        acc.map(|row| row.map(|a| _mm512_reduce_add_ps(a)))
+        sums(acc)
     }
 }
 
@@ -480,12 +480,26 @@ impl Kernel for Q6K {
                 }
             }
         }
-        acc.map(|row| row.map(|a| _mm512_reduce_add_ps(a)))
+        sums(acc)
     }
 }
 
 /// `vpermw` indices spreading Q6_K's sixteen scales (i16) over 64 values' i16 lanes:
 /// quarter `q` of the block, lanes `8k..8k + 8` taking group `4q + k`.
+/// Each accumulator's lanes added: plain loops, not `map` closures, which the compiler may
+/// leave as calls compiled without the caller's target features (a 20% slower decode).
+#[inline]
+#[target_feature(enable = "avx512f")]
+fn sums<const R: usize, const V: usize>(acc: [[__m512; R]; V]) -> [[f32; R]; V] {
+    let mut out = [[0.0; R]; V];
+    for v in 0..V {
+        for r in 0..R {
+            out[v][r] = _mm512_reduce_add_ps(acc[v][r]);
+        }
+    }
+    out
+}
+
 #[inline]
 #[target_feature(enable = "avx512f,avx512bw")]
 fn group_index(quarter: usize) -> __m512i {

@@ -84,7 +84,9 @@ impl BlockType {
     /// order: a model keeps a projection of one of these as the GGUF's own blocks.
     pub const KEPT: [BlockType; 5] = [Self::Q4_0, Self::Q5_0, Self::Q8_0, Self::Q4K, Self::Q6K];
 
+    // Inlined, so that `ty.bytes()` in a kernel's loop is a table read, or a constant.
     #[rustfmt::skip]
+    #[inline(always)]
     const fn traits(self) -> Traits {
         const fn t(name: &'static str, lower: &'static str, ggml_id: u32, values: usize, bytes: usize, scales: &'static [usize]) -> Traits {
             Traits { name, lower, ggml_id, values, bytes, scales }
@@ -104,16 +106,19 @@ impl BlockType {
     }
 
     /// ggml's name for it (`Q4_K`), as GGUF tools print it.
+    #[inline]
     pub fn name(self) -> &'static str {
         self.traits().name
     }
 
     /// Its name in lower case (`q4_k`), as the weights file's index and `--weights` write it.
+    #[inline]
     pub fn lower_name(self) -> &'static str {
         self.traits().lower
     }
 
     /// ggml.h's `enum ggml_type` id.
+    #[inline]
     pub fn ggml_id(self) -> u32 {
         self.traits().ggml_id
     }
@@ -123,21 +128,25 @@ impl BlockType {
     }
 
     /// Whether the kernels compute on it as blocks ([`Self::KEPT`]).
+    #[inline]
     pub fn kept(self) -> bool {
         Self::KEPT.contains(&self)
     }
 
     /// Values per block.
+    #[inline]
     pub const fn values(self) -> usize {
         self.traits().values
     }
 
     /// Bytes per block.
+    #[inline]
     pub const fn bytes(self) -> usize {
         self.traits().bytes
     }
 
     /// Bytes of a row of `d_in` values, or `None` unless `d_in` is a whole number of blocks.
+    #[inline]
     pub fn row_bytes(self, d_in: usize) -> Option<usize> {
         d_in.is_multiple_of(self.values())
             .then(|| d_in / self.values() * self.bytes())

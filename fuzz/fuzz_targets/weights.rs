@@ -7,7 +7,8 @@
 use libfuzzer_sys::fuzz_target;
 use runtime::FlexBackend;
 use runtime::model::config::LlamaConfig;
-use runtime::weights::load::{Source, Weights, check_laid_out, load_into};
+use runtime::weights::layout::Weights;
+use runtime::weights::load::{Source, check_laid_out, load_into};
 use runtime::model::params::params;
 use kernels::quant::BlockType;
 use runtime::weights::file::WeightsFile;

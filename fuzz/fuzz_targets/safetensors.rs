@@ -4,6 +4,7 @@
 #![no_main]
 
 use converter::checkpoint::{read_header, write_tensor};
+use converter::names::Transform;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
@@ -16,8 +17,8 @@ fuzz_target!(|data: &[u8]| {
         return;
     };
     for (name, meta) in &tensors {
-        for transpose in [false, true] {
-            let _ = write_tensor(name, meta, data, transpose, 1 << 10, &mut std::io::sink());
+        for transform in [Transform::Keep, Transform::Transpose, Transform::AddOne] {
+            let _ = write_tensor(name, meta, data, transform, 1 << 10, &mut std::io::sink());
         }
     }
 });

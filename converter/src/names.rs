@@ -4,7 +4,7 @@
 //! differs: the `model.` prefix (all but `lm_head`), RmsNorm's `weight` called `gamma` in
 //! Burn, and Linear weights, which Burn stores as `[d_in, d_out]` (PyTorch: `[out, in]`).
 //! Which tensors a checkpoint must have comes from the model itself (`runtime::model::params`), so
-//! a new projection or bias in `model.rs` needs no edit here.
+//! a new projection or bias in `runtime/src/model/llama.rs` needs no edit here.
 //!
 //! No q/k permutation: the runtime's RoPE uses transformers' `rotate_half` layout, so q_proj
 //! and k_proj rows are used as published.

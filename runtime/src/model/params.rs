@@ -1,7 +1,7 @@
 //! The parameters of a module by their record field path (`layers.0.self_attn.q_proj.weight`).
 //! The converter fills a freshly built model through these paths and the runtime checks a
 //! loaded record's shapes against a freshly built one, so both read one source of truth: the
-//! module definition in `model.rs`.
+//! module definition in `llama.rs`.
 
 use burn::module::{Module, ModuleVisitor, Param};
 use burn::tensor::Tensor;

@@ -8,7 +8,7 @@ pub const CONFIG_FILE: &str = "config.json";
 pub const GENERATION_CONFIG_FILE: &str = "generation_config.json";
 pub const TOKENIZER_FILE: &str = "tokenizer.json";
 pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
-/// The parameters laid out as the runtime keeps them (`weights_file`), from the record;
+/// The parameters laid out as the runtime keeps them (`weights::file`), from the record;
 /// loaded instead of it when listed. Optional: an artifact from before it loads from the
 /// record.
 pub const WEIGHTS_FILE: &str = "weights.bin";

@@ -121,7 +121,7 @@ impl MappedFile {
         // mapped could fault, and one writing into it in place would change what we read;
         // that is the same contract every mmap-based model loader (safetensors, llama.cpp)
         // accepts, and it lasts as long as the model when the weights file's tensors are
-        // the map (`weights_file`). The converter never writes a file in place: it writes a
+        // the map (`weights::file`). The converter never writes a file in place: it writes a
         // staging directory and renames it, so a file mapped here keeps its old contents.
         let map = unsafe { Mmap::map(&file) }.map_err(|error| FileError::Io {
             path: path.to_path_buf(),
@@ -225,7 +225,7 @@ pub unsafe fn release_mapped(bytes: &[u8]) {
 }
 
 /// The mapped bytes, for owners that keep a map alive while slices of it are in use
-/// (`bytes::Bytes::from_owner`, as `weights_file` hands tensors out over its map).
+/// (`bytes::Bytes::from_owner`, as `weights::file` hands tensors out over its map).
 impl AsRef<[u8]> for MappedFile {
     fn as_ref(&self) -> &[u8] {
         &self.map

@@ -2,7 +2,7 @@
 //! stores them: every projection transposed to the matrix-vector kernel's layout, each
 //! matrix bf16 or f32 as [`Weights`] says. One definition for the two ways a model is
 //! loaded: from the record, laid out on every start (`load`), and from the weights file
-//! the converter lays out once from the same record (`weights_file`): they cannot disagree.
+//! the converter lays out once from the same record (`weights::file`): they cannot disagree.
 
 use burn::tensor::{DType, TensorData, bf16};
 use rayon::prelude::*;

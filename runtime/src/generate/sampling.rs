@@ -164,23 +164,176 @@ impl Sampler {
         next
     }
 
-    /// Greedy, or a draw from [`candidates`].
+    /// Greedy, or a draw from [`candidates`]: one uniform draw walked down the kept
+    /// probabilities, most likely first. A draw past their rounded sum lands on the last
+    /// kept token: never on one the filters dropped.
     fn pick(&mut self, logits: &[f32]) -> u32 {
         let p = &self.params;
         if p.temperature == 0.0 {
             return argmax(logits);
         }
-        let kept = filtered(logits, p);
-        // One uniform draw walked down the kept probabilities. A draw past their rounded
-        // sum lands on the last kept token: never on one the filters dropped.
-        let mut target = f64::from(self.rng.random::<f32>());
-        for &(id, q) in &kept {
+        let draw = f64::from(self.rng.random::<f32>());
+        if p.top_k > 0 && p.top_k < logits.len() {
+            // Ranking the top k is a selection and a sort of k: cheap already.
+            return walk(filtered(logits, p).into_iter(), draw);
+        }
+        Ranking::new(logits, p).pick(draw)
+    }
+}
+
+/// The draw walked down `kept` (ids with their probabilities, most likely first, summing
+/// to 1 but for rounding).
+fn walk(kept: impl Iterator<Item = (u32, f64)>, mut target: f64) -> u32 {
+    let mut last = 0;
+    for (id, q) in kept {
+        if target < q {
+            return id;
+        }
+        target -= q;
+        last = id;
+    }
+    last
+}
+
+/// [`filtered`]'s distribution over the whole vocabulary (no top-k), with the ranking done
+/// only as far as it is read: the tokens sorted a tier of weights at a time, most likely
+/// first, while top-p's cut or the draw needs another. Each weight is computed once; a
+/// draw usually lands in the first tier, so a step sorts a few tokens instead of the
+/// vocabulary (49,152 for SmolLM2). The same tokens, in the same order, with the same
+/// probabilities as [`filtered`] (sums taken in another order: equal to rounding).
+struct Ranking<'a> {
+    logits: &'a [f32],
+    params: &'a SamplingParams,
+    /// `exp((logit - max) / temperature)` per token, as [`filtered`] computes it.
+    weights: Vec<f64>,
+    total: f64,
+    /// The ids ranked so far: every token of weight at least `ranked_down_to`.
+    ranked: Vec<u32>,
+    ranked_down_to: f64,
+}
+
+impl<'a> Ranking<'a> {
+    /// Tiers of weight, each `TIER` times lighter than the last.
+    const TIER: f64 = 1.0 / 256.0;
+
+    fn new(logits: &'a [f32], params: &'a SamplingParams) -> Self {
+        let max = logits
+            .iter()
+            .map(|&l| rank_key(l))
+            .fold(f32::NEG_INFINITY, f32::max);
+        let temperature = f64::from(params.temperature);
+        let weights: Vec<f64> = (logits.iter())
+            .map(|&l| {
+                let logit = rank_key(l);
+                if logit == max {
+                    1.0
+                } else {
+                    ((f64::from(logit) - f64::from(max)) / temperature).exp()
+                }
+            })
+            .collect();
+        let total = weights.iter().sum();
+        Self {
+            logits,
+            params,
+            weights,
+            total,
+            ranked: Vec::new(),
+            ranked_down_to: f64::INFINITY,
+        }
+    }
+
+    /// Ranks the next tier of weights (every weight left, once they are tiny); false when
+    /// every token is ranked.
+    fn rank_next_tier(&mut self) -> bool {
+        if self.ranked_down_to == 0.0 {
+            return false;
+        }
+        let high = self.ranked_down_to;
+        let low = if high == f64::INFINITY {
+            Self::TIER
+        } else if high < 1e-30 {
+            0.0
+        } else {
+            high * Self::TIER
+        };
+        let start = self.ranked.len();
+        let in_tier = |w: f64| w >= low && w < high;
+        (self.ranked)
+            .extend((0..self.weights.len() as u32).filter(|&i| in_tier(self.weights[i as usize])));
+        let logits = self.logits;
+        self.ranked[start..].sort_unstable_by(|a, b| {
+            let (la, lb) = (rank_key(logits[*a as usize]), rank_key(logits[*b as usize]));
+            lb.partial_cmp(&la)
+                .unwrap_or(std::cmp::Ordering::Equal)
+                .then(a.cmp(b))
+        });
+        self.ranked_down_to = low;
+        true
+    }
+
+    /// The `i`th most likely token, ranking as far as needed.
+    fn nth(&mut self, i: usize) -> Option<u32> {
+        while i >= self.ranked.len() {
+            if !self.rank_next_tier() {
+                return None;
+            }
+        }
+        Some(self.ranked[i])
+    }
+
+    fn probability(&self, id: u32) -> f64 {
+        self.weights[id as usize] / self.total
+    }
+
+    /// The token the draw picks, as [`walk`] over [`filtered`] picks it.
+    fn pick(mut self, draw: f64) -> u32 {
+        let p = self.params;
+        // min-p (and probability zero), as `kept_prefix`: a count, in any order.
+        let floor = f64::from(p.min_p) * (1.0 / self.total);
+        let above = (self.weights.iter())
+            .filter(|&&w| {
+                let q = w / self.total;
+                q >= floor && q > 0.0
+            })
+            .count();
+        // top-p: the smallest ranked prefix reaching it, summed in rank order.
+        let mut keep = above;
+        let mut kept_total = None;
+        if p.top_p < 1.0 {
+            let mut cumulative = 0.0;
+            let mut i = 0;
+            while let Some(id) = self.nth(i) {
+                cumulative += self.probability(id);
+                i += 1;
+                if cumulative >= f64::from(p.top_p) {
+                    break;
+                }
+            }
+            if i < keep {
+                keep = i;
+                kept_total = Some(cumulative);
+            }
+        }
+        let keep = keep.max(1);
+        let kept_total = kept_total.unwrap_or_else(|| {
+            (self.weights.iter())
+                .map(|&w| w / self.total)
+                .filter(|&q| q >= floor && q > 0.0)
+                .sum::<f64>()
+        });
+        let mut target = draw;
+        let mut last = 0;
+        for i in 0..keep {
+            let Some(id) = self.nth(i) else { break };
+            let q = self.probability(id) / kept_total;
             if target < q {
                 return id;
             }
             target -= q;
+            last = id;
         }
-        kept[kept.len() - 1].0
+        last
     }
 }
 
@@ -868,6 +1021,56 @@ mod tests {
                     kept.iter().any(|&(k, _)| k == id),
                     "{params:?}: {id} not in {kept:?}"
                 );
+            }
+        }
+    }
+
+    /// The lazily ranked pick is the walk down [`filtered`]'s whole ranked list: the same
+    /// token for the same draw, on the random cases above and on vocabulary-sized logits
+    /// (a draw within rounding of a boundary between two tokens may go either way).
+    #[test]
+    fn the_lazy_ranking_picks_what_the_full_ranking_picks() {
+        let mut rng = StdRng::seed_from_u64(41);
+        let mut cases: Vec<(Vec<f32>, SamplingParams)> = (0..3000)
+            .map(|_| {
+                let logits = random_logits(&mut rng);
+                let mut params = random_params(&mut rng, logits.len());
+                params.top_k = 0;
+                (logits, params)
+            })
+            .collect();
+        for (temperature, top_p, min_p) in [(0.8, 1.0, 0.0), (0.7, 0.95, 0.0), (1.0, 1.0, 0.05)] {
+            // Logits spread as a model's are: a few far above a normal crowd.
+            let logits: Vec<f32> = (0..49_152)
+                .map(|i| {
+                    let normal: f32 = (0..4).map(|_| rng.random::<f32>()).sum::<f32>() - 2.0;
+                    3.0 * normal + if i % 4099 == 0 { 12.0 } else { 0.0 }
+                })
+                .collect();
+            let params = SamplingParams {
+                temperature,
+                top_p,
+                min_p,
+                ..Default::default()
+            };
+            cases.push((logits, params));
+        }
+        for (logits, params) in &cases {
+            let kept = filtered(logits, params);
+            let mut bounds = Vec::new();
+            let mut cumulative = 0.0;
+            for &(_, q) in &kept {
+                cumulative += q;
+                bounds.push(cumulative);
+            }
+            for _ in 0..20 {
+                let draw = f64::from(rng.random::<f32>());
+                if bounds.iter().any(|b| (b - draw).abs() < 1e-9) {
+                    continue;
+                }
+                let full = walk(kept.iter().copied(), draw);
+                let lazy = Ranking::new(logits, params).pick(draw);
+                assert_eq!(lazy, full, "{params:?}, draw {draw}, {} logits", logits.len());
             }
         }
     }

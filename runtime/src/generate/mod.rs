@@ -7,6 +7,7 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Int, Tensor, TensorData};
+use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::generate::sampling::{Sampler, SamplingParams, logprobs};
@@ -32,6 +33,7 @@ mod stop;
 
 pub use scoring::Perplexity;
 pub use sequence::Sequence;
+use sequence::{Picked, Picker};
 use stop::StopText;
 
 /// Prompts and perplexity texts run through the model this many tokens at a time, which
@@ -491,8 +493,28 @@ impl<B: KernelBackend> Generator<B> {
             Vec::with_capacity(sequences.len());
         // Sequences whose sampled token runs through the model, and the token.
         let mut running: Vec<(usize, u32)> = Vec::new();
-        for (i, s) in sequences.iter_mut().enumerate() {
-            let sampled = self.sample(s, &mut |piece| on_text(i, piece));
+        // Each sequence's pick (biases, penalties, its grammar's mask, the draw: O(vocab)
+        // each) on its own state, in parallel; then, in order, what follows from it.
+        let ready: Vec<Result<bool, GenerateError>> = sequences.iter().map(|s| s.ready()).collect();
+        let picks: Vec<Option<Result<Picked, GenerateError>>> = {
+            let mut pickers: Vec<Option<Picker<'_>>> = (sequences.iter_mut().zip(&ready))
+                .map(|(s, ready)| matches!(ready, Ok(true)).then(|| s.picker()))
+                .collect();
+            (pickers.par_iter_mut())
+                .map(|picker| picker.as_mut().map(Picker::pick))
+                .collect()
+        };
+        for ((i, s), (ready, picked)) in sequences
+            .iter_mut()
+            .enumerate()
+            .zip(ready.into_iter().zip(picks))
+        {
+            let mut on_text = |piece: &str| on_text(i, piece);
+            let sampled = match (ready, picked) {
+                (Err(e), _) | (_, Some(Err(e))) => Err(e),
+                (Ok(_), Some(Ok(picked))) => self.finish_step(s, Some(picked), &mut on_text),
+                (Ok(_), None) => self.finish_step(s, None, &mut on_text),
+            };
             if let Ok(Some(next)) = sampled {
                 running.push((i, next));
             }
@@ -577,34 +599,21 @@ impl<B: KernelBackend> Generator<B> {
         }
     }
 
-    /// The part of a step before the model: samples the sequence's next token and passes its
-    /// text on; `Some(token)` if the token is to run through the model, `None` if the
-    /// sequence has ended (its `stop_reason` set).
-    fn sample(
+    /// What follows a sequence's pick: the token taken (or the sequence stopped), its text
+    /// streamed. `picked` is `None` when the sequence was not [`Sequence::ready`] to pick.
+    fn finish_step(
         &self,
         s: &mut Sequence<'_, B>,
+        picked: Option<Picked>,
         on_text: &mut impl FnMut(&str),
     ) -> Result<Option<u32>, GenerateError> {
-        if s.stop_reason.is_some() {
-            return Ok(None);
-        }
-        if s.cache.len() < s.prompt_tokens {
-            return Err(GenerateError::NotPrefilled);
-        }
         let reason = 'step: {
-            if s.tokens.len() == s.max_new_tokens {
+            let Some(Picked { next, raw }) = picked else {
+                if s.stop_reason.is_some() {
+                    return Ok(None);
+                }
                 break 'step StopReason::Length;
-            }
-            // The sampler changes the logits in place; log-probabilities are the model's.
-            let raw = s.logprobs_top.map(|_| s.logits.clone());
-            let mut masked = Ok(());
-            let next = match &mut s.constraint {
-                None => s.sampler.sample(&mut s.logits, &s.history),
-                Some(constraint) => s
-                    .sampler
-                    .sample_masked(&mut s.logits, &s.history, |l| masked = constraint.mask(l)),
             };
-            masked?;
             if s.tokens.is_empty() {
                 // The first token's time belongs to the prompt: it waits on the prefill.
                 s.prefill = s.started.elapsed();

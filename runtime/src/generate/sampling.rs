@@ -1070,7 +1070,12 @@ mod tests {
                 }
                 let full = walk(kept.iter().copied(), draw);
                 let lazy = Ranking::new(logits, params).pick(draw);
-                assert_eq!(lazy, full, "{params:?}, draw {draw}, {} logits", logits.len());
+                assert_eq!(
+                    lazy,
+                    full,
+                    "{params:?}, draw {draw}, {} logits",
+                    logits.len()
+                );
             }
         }
     }

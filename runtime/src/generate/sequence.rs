@@ -41,6 +41,29 @@ pub struct Sequence<'t, B: KernelBackend> {
 }
 
 impl<B: KernelBackend> Sequence<'_, B> {
+    /// Whether the next step picks a token for this sequence: not if it has ended or has
+    /// its `max_new_tokens`; an error if its prompt is not all in its cache yet.
+    pub(super) fn ready(&self) -> Result<bool, GenerateError> {
+        if self.stop_reason.is_some() {
+            return Ok(false);
+        }
+        if self.cache.len() < self.prompt_tokens {
+            return Err(GenerateError::NotPrefilled);
+        }
+        Ok(self.tokens.len() < self.max_new_tokens)
+    }
+
+    /// The state its pick reads and changes, apart from the rest.
+    pub(super) fn picker(&mut self) -> Picker<'_> {
+        Picker {
+            sampler: &mut self.sampler,
+            logits: &mut self.logits,
+            history: &self.history,
+            constraint: self.constraint.as_mut(),
+            keep_raw: self.logprobs_top.is_some(),
+        }
+    }
+
     /// Makes the text follow `constraint` (compiled by the caller, say off a server's
     /// engine thread, from the same [`Grammars`] as [`GenerateOptions::grammar`] would be):
     /// only before the first token, else [`GenerateError::Started`].
@@ -125,5 +148,37 @@ impl<B: KernelBackend> Sequence<'_, B> {
             tokens: self.tokens,
         };
         (generation, (self.cache, ids))
+    }
+}
+
+/// One sequence's pick, on its own state only, so that a step's sequences pick in parallel.
+pub(super) struct Picker<'a> {
+    sampler: &'a mut Sampler,
+    logits: &'a mut Vec<f32>,
+    history: &'a [u32],
+    constraint: Option<&'a mut Constraint>,
+    /// Whether to keep the logits as the model gave them (for log-probabilities).
+    keep_raw: bool,
+}
+
+/// A picked token, and the model's logits it was picked from when they are wanted.
+pub(super) struct Picked {
+    pub(super) next: u32,
+    pub(super) raw: Option<Vec<f32>>,
+}
+
+impl Picker<'_> {
+    /// Biases, penalties, the grammar's mask, then the draw ([`Sampler::sample_masked`]).
+    pub(super) fn pick(&mut self) -> Result<Picked, GenerateError> {
+        // The sampler changes the logits in place; log-probabilities are the model's.
+        let raw = self.keep_raw.then(|| self.logits.clone());
+        let mut masked = Ok(());
+        let next = match &mut self.constraint {
+            None => self.sampler.sample(self.logits, self.history),
+            Some(constraint) => (self.sampler)
+                .sample_masked(self.logits, self.history, |l| masked = constraint.mask(l)),
+        };
+        masked?;
+        Ok(Picked { next, raw })
     }
 }

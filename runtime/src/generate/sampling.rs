@@ -223,14 +223,7 @@ impl<'a> Ranking<'a> {
             .fold(f32::NEG_INFINITY, f32::max);
         let temperature = f64::from(params.temperature);
         let weights: Vec<f64> = (logits.iter())
-            .map(|&l| {
-                let logit = rank_key(l);
-                if logit == max {
-                    1.0
-                } else {
-                    ((f64::from(logit) - f64::from(max)) / temperature).exp()
-                }
-            })
+            .map(|&l| weight(l, max, temperature))
             .collect();
         let total = weights.iter().sum();
         Self {
@@ -262,12 +255,7 @@ impl<'a> Ranking<'a> {
         (self.ranked)
             .extend((0..self.weights.len() as u32).filter(|&i| in_tier(self.weights[i as usize])));
         let logits = self.logits;
-        self.ranked[start..].sort_unstable_by(|a, b| {
-            let (la, lb) = (rank_key(logits[*a as usize]), rank_key(logits[*b as usize]));
-            lb.partial_cmp(&la)
-                .unwrap_or(std::cmp::Ordering::Equal)
-                .then(a.cmp(b))
-        });
+        self.ranked[start..].sort_unstable_by(|a, b| by_rank(logits, *a, *b));
         self.ranked_down_to = low;
         true
     }
@@ -362,16 +350,8 @@ fn filtered(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
     let order = ranked(logits, params.top_k);
     let max = rank_key(logits[order[0] as usize]);
     let temperature = f64::from(params.temperature);
-    let weights: Vec<f64> = order
-        .iter()
-        .map(|&id| {
-            let logit = rank_key(logits[id as usize]);
-            if logit == max {
-                1.0
-            } else {
-                ((f64::from(logit) - f64::from(max)) / temperature).exp()
-            }
-        })
+    let weights: Vec<f64> = (order.iter())
+        .map(|&id| weight(logits[id as usize], max, temperature))
         .collect();
     let total: f64 = weights.iter().sum();
     let probs: Vec<f64> = weights.iter().map(|w| w / total).collect();
@@ -388,12 +368,7 @@ fn filtered(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
 /// Token ids by logit, most likely first, ties in id order (what a stable sort gives), cut
 /// to the `top_k` first (0: all).
 fn ranked(logits: &[f32], top_k: usize) -> Vec<u32> {
-    let by_logit = |a: &u32, b: &u32| {
-        let (la, lb) = (rank_key(logits[*a as usize]), rank_key(logits[*b as usize]));
-        lb.partial_cmp(&la)
-            .unwrap_or(std::cmp::Ordering::Equal)
-            .then(a.cmp(b))
-    };
+    let by_logit = |a: &u32, b: &u32| by_rank(logits, *a, *b);
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
     if top_k > 0 && top_k < order.len() {
         // Only the first `top_k` need sorting: O(n) to find them.
@@ -402,6 +377,25 @@ fn ranked(logits: &[f32], top_k: usize) -> Vec<u32> {
     }
     order.sort_unstable_by(by_logit);
     order
+}
+
+/// Token `a` against token `b` by logit, most likely first, ties in id order.
+fn by_rank(logits: &[f32], a: u32, b: u32) -> std::cmp::Ordering {
+    let (la, lb) = (rank_key(logits[a as usize]), rank_key(logits[b as usize]));
+    lb.partial_cmp(&la)
+        .unwrap_or(std::cmp::Ordering::Equal)
+        .then(a.cmp(&b))
+}
+
+/// A token's weight `exp((logit - max) / temperature)` in f64, exactly 1 for the maximum
+/// (see [`filtered`]).
+fn weight(logit: f32, max: f32, temperature: f64) -> f64 {
+    let logit = rank_key(logit);
+    if logit == max {
+        1.0
+    } else {
+        ((f64::from(logit) - f64::from(max)) / temperature).exp()
+    }
 }
 
 /// A logit as ranked and weighed: NaN (a broken model's output) as the least likely.

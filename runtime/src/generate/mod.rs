@@ -7,12 +7,11 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::{Duration, Instant};
 
 use burn::tensor::{Int, Tensor, TensorData};
+use kernels::int8::Matmul;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
 use crate::generate::sampling::{Sampler, SamplingParams, logprobs};
-use kernels::int8::Matmul;
-
 use crate::model::backend::KernelBackend;
 use crate::model::cache::{CacheError, KvCache, KvDtype};
 use crate::model::config::{ConfigError, GenerationConfig, LlamaConfig};

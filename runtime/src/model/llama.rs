@@ -9,16 +9,14 @@ use burn::module::{Module, ModuleMapper, Param};
 use burn::nn::{Embedding, EmbeddingConfig, Linear, LinearConfig, RmsNorm, RmsNormConfig};
 use burn::tensor::backend::Backend;
 use burn::tensor::{FloatDType, Int, Tensor};
-use rayon::prelude::*;
-
 use kernels::attention::Heads;
 use kernels::int8::Matmul;
+use kernels::layer::Activation;
 use kernels::layer::{LayerShape, Projection};
+use rayon::prelude::*;
 
 use crate::model::backend::{KernelBackend, LayerTensors};
 use crate::model::cache::{CacheError, KvCache, LayerCache};
-use kernels::layer::Activation;
-
 use crate::model::config::{LlamaConfig, Rotation};
 use crate::model::rope::{RopeRows, Rotations};
 

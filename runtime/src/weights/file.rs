@@ -28,6 +28,7 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::path::Path;
 
+use kernels::quant::BlockType;
 use rayon::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -35,7 +36,6 @@ use crate::model::params::ParamInfo;
 use crate::util::files::MappedFile;
 use crate::weights::layout::{Form, Layout, Weights};
 use crate::weights::record::Record;
-use kernels::quant::BlockType;
 
 pub const MAGIC: [u8; 8] = *b"RTWEIGHT";
 /// Bumped whenever the layout of the file or of a tensor in it changes. Version 2 added

@@ -12,6 +12,7 @@ use burn::tensor::{
     AllocationProperty, Bytes, DType, Tensor, TensorCreationOptions, TensorData, TensorPrimitive,
     bf16,
 };
+use kernels::quant::BlockType;
 use rayon::prelude::*;
 
 use crate::model::backend::KernelBackend;
@@ -21,7 +22,6 @@ use crate::util::file_names::WEIGHTS_FILE;
 use crate::weights::file::{Dtype, TIED_LM_HEAD, WeightsFile};
 use crate::weights::layout::{Form, Kept, Layout, Weights, narrowed, widened};
 use crate::weights::record::Record;
-use kernels::quant::BlockType;
 
 /// Where the parameters come from.
 #[derive(Clone, Copy)]

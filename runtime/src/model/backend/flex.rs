@@ -12,11 +12,6 @@ use std::sync::Arc;
 
 use burn::tensor::{Bytes, DType, Int, Shape, Tensor, TensorData, TensorPrimitive, bf16};
 use burn_flex::{FlexTensor, Layout};
-use rayon::prelude::*;
-
-use super::{KernelBackend, KvBuffers, KvDtype, LayerTensors, reference, take};
-use crate::FlexBackend;
-use crate::model::rope::RopeRows;
 use kernels::attention::{CausalAttention, Heads, Matrix};
 use kernels::int8::Matmul;
 use kernels::layer::{self, Activation, KvSlot, LayerShape};
@@ -26,6 +21,11 @@ use kernels::simd;
 use kernels::stored::Stored;
 use kernels::team;
 use kernels::{int8, linear};
+use rayon::prelude::*;
+
+use super::{KernelBackend, KvBuffers, KvDtype, LayerTensors, reference, take};
+use crate::FlexBackend;
+use crate::model::rope::RopeRows;
 
 /// Runs `$body` with `$stored` the element type of a KV cache buffer of dtype `$dtype`
 /// (see [`FlexBackend::kv_buffer`]).

@@ -10,13 +10,13 @@ pub mod reference;
 
 use burn::tensor::backend::Backend;
 use burn::tensor::{Int, Tensor};
-
-use crate::NdArrayBackend;
-use crate::model::rope::RopeRows;
 use kernels::attention::Heads;
 use kernels::int8::Matmul;
 use kernels::layer::{Activation, LayerShape, LayerWeights};
 use kernels::quant::BlockType;
+
+use crate::NdArrayBackend;
+use crate::model::rope::RopeRows;
 
 /// A decoder layer's tensors: norm weights and biases `[d]`, projection weights
 /// `[d_in, d_out]`.

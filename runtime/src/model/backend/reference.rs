@@ -5,11 +5,11 @@
 use burn::tensor::activation::{silu, softmax};
 use burn::tensor::backend::Backend;
 use burn::tensor::{Tensor, TensorData};
+use kernels::attention::Heads;
+use kernels::layer::Activation;
 
 use super::KvDtype;
 use crate::model::rope::RopeRows;
-use kernels::attention::Heads;
-use kernels::layer::Activation;
 
 /// `x: [batch, seq, d_in]` times `weight: [d_in, d_out]`, as one 2-D matrix product
 /// (burn-flex's batched path handles a column-major weight poorly).

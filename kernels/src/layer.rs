@@ -5,8 +5,8 @@
 //! KV append, the residual adds, SiLU) starts cold, and a Burn op's set-up (tensor handles,
 //! layouts, allocations) is a chain of cache misses longer than its few hundred
 //! multiply-adds. Here those operations are plain loops over buffers. The arithmetic is the
-//! same kernels in the same order as the composed layer (the runtime's `model/llama.rs`), so the output is
-//! bit-identical to it.
+//! same kernels in the same order as the composed layer (the runtime's `model/llama.rs`),
+//! so the output is bit-identical to it.
 
 use crate::attention::{CausalAttention, Heads, Matrix};
 use crate::int8::Matmul;

@@ -34,8 +34,9 @@ const HELPER_BUNDLES: usize = 4;
 
 /// A weight's rows, contiguous (a `[d_in, d_out]` weight stored column-major): how a matrix
 /// is stored, which every kernel over weights dispatches on. In f32, in bf16 (see
-/// [`Stored`](crate::stored::Stored): the products are the same to the bit), or in ggml's blocks, each row a
-/// whole number of them (the products are those of the values they decode to, to the bit).
+/// [`Stored`](crate::stored::Stored): the products are the same to the bit), or in ggml's
+/// blocks, each row a whole number of them (the products are those of the values they
+/// decode to, to the bit).
 #[derive(Debug, Clone, Copy)]
 pub enum Rows<'a> {
     F32(&'a [f32]),

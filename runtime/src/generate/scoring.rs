@@ -31,7 +31,8 @@ impl<B: KernelBackend> Generator<B> {
     }
 
     /// [`Self::score`], running the text `chunk` tokens at a time: 1 takes the kernels a
-    /// token decodes with, more those of a prompt (which differ with [`Matmul::Int8`]).
+    /// token decodes with, more those of a prompt (which differ with
+    /// [`Matmul::Int8`](kernels::int8::Matmul::Int8)).
     pub fn score_in_chunks(
         &self,
         ids: &[u32],

@@ -10,14 +10,16 @@ use crate::model::cache::KvCache;
 use crate::text::grammar::Constraint;
 use crate::text::tokenizer::TextStream;
 
-/// A generation under way ([`Generator::start`]): its KV cache, sampler and text so far.
+/// A generation under way ([`Generator::start`](super::Generator::start)): its KV cache,
+/// sampler and text so far.
 pub struct Sequence<'t, B: KernelBackend> {
     pub(super) cache: KvCache<B>,
     /// Positions this generation may fill (the cache may hold more).
     pub(super) capacity: usize,
     /// Prompt tokens found in a reused cache, not run again.
     pub(super) reused: usize,
-    /// The grammar the text must follow ([`GenerateOptions::grammar`]).
+    /// The grammar the text must follow
+    /// ([`GenerateOptions::grammar`](super::GenerateOptions::grammar)).
     pub(super) constraint: Option<Constraint>,
     pub(super) sampler: Sampler,
     /// Prompt and generated ids (the repeat penalty's window).
@@ -65,7 +67,8 @@ impl<B: KernelBackend> Sequence<'_, B> {
     }
 
     /// Makes the text follow `constraint` (compiled by the caller, say off a server's
-    /// engine thread, from the same [`Grammars`] as [`GenerateOptions::grammar`] would be):
+    /// engine thread, from the same [`Grammars`](crate::text::grammar::Grammars) as
+    /// [`GenerateOptions::grammar`](super::GenerateOptions::grammar) would be):
     /// only before the first token, else [`GenerateError::Started`].
     pub fn constrain(&mut self, constraint: Constraint) -> Result<(), GenerateError> {
         if !self.tokens.is_empty() || self.stop_reason.is_some() {
@@ -95,7 +98,8 @@ impl<B: KernelBackend> Sequence<'_, B> {
         self.prompt_tokens
     }
 
-    /// Prompt tokens not run yet ([`Generator::prefill`] runs them).
+    /// Prompt tokens not run yet ([`Generator::prefill`](super::Generator::prefill) runs
+    /// them).
     pub fn prompt_left(&self) -> usize {
         self.prompt_tokens.saturating_sub(self.cache.len())
     }
@@ -105,7 +109,8 @@ impl<B: KernelBackend> Sequence<'_, B> {
         self.cache.len().min(self.prompt_tokens)
     }
 
-    /// Prompt tokens taken from a reused cache instead of run ([`Generator::start_from`]).
+    /// Prompt tokens taken from a reused cache instead of run
+    /// ([`Generator::start_from`](super::Generator::start_from)).
     pub fn reused_tokens(&self) -> usize {
         self.reused
     }
@@ -117,7 +122,7 @@ impl<B: KernelBackend> Sequence<'_, B> {
     }
 
     /// [`Self::finish`], also giving back the cache and the ids whose keys and values it
-    /// holds, for [`Generator::start_from`].
+    /// holds, for [`Generator::start_from`](super::Generator::start_from).
     pub fn finish_keeping_cache(
         mut self,
         on_text: &mut impl FnMut(&str),

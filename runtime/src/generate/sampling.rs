@@ -277,17 +277,16 @@ impl<'a> Ranking<'a> {
     /// The token the draw picks, as [`walk`] over [`filtered`] picks it.
     fn pick(mut self, draw: f64) -> u32 {
         let p = self.params;
-        // min-p (and probability zero), as `kept_prefix`: a count, in any order.
+        // min-p (and probability zero), as `kept_prefix`: how many tokens pass it and their
+        // probabilities' sum, in one pass in id order.
         let floor = f64::from(p.min_p) * (1.0 / self.total);
-        let above = (self.weights.iter())
-            .filter(|&&w| {
-                let q = w / self.total;
-                q >= floor && q > 0.0
-            })
-            .count();
+        let (above, above_total) = (self.weights.iter())
+            .map(|&w| w / self.total)
+            .filter(|&q| q >= floor && q > 0.0)
+            .fold((0, 0.0), |(n, sum), q| (n + 1, sum + q));
         // top-p: the smallest ranked prefix reaching it, summed in rank order.
         let mut keep = above;
-        let mut kept_total = None;
+        let mut kept_total = above_total;
         if p.top_p < 1.0 {
             let mut cumulative = 0.0;
             let mut i = 0;
@@ -300,16 +299,10 @@ impl<'a> Ranking<'a> {
             }
             if i < keep {
                 keep = i;
-                kept_total = Some(cumulative);
+                kept_total = cumulative;
             }
         }
         let keep = keep.max(1);
-        let kept_total = kept_total.unwrap_or_else(|| {
-            (self.weights.iter())
-                .map(|&w| w / self.total)
-                .filter(|&q| q >= floor && q > 0.0)
-                .sum::<f64>()
-        });
         let mut target = draw;
         let mut last = 0;
         for i in 0..keep {

@@ -50,6 +50,18 @@ test:
     # The committed manifest is what a conversion of the fetched model must reproduce.
     git diff --exit-code -- "{{out_dir}}/manifest.json"
     REQUIRE_MODEL=1 cargo test --release --workspace
+    just test-tiers
+
+# The kernels' tests at each lower build this CPU runs (RUNTIME_CPU; see README), and the
+# int8 products on the real model at the AVX2 build
+test-tiers:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    for tier in avx512 avx2 portable; do
+        echo "kernels at RUNTIME_CPU=$tier"
+        RUNTIME_CPU=$tier cargo test --quiet --release -p kernels
+    done
+    RUNTIME_CPU=avx2 REQUIRE_MODEL=1 cargo test --quiet --release -p runtime --test int8
 
 # Formatting, lints and the modules' layering (docs/ARCHITECTURE.md), as CI runs them
 lint:

@@ -20,6 +20,7 @@ use common::{converter, logits};
 use converter::gguf::Gguf;
 use converter::import::hf_name;
 use converter::quants::GgmlType;
+use kernels::int8::Matmul;
 use runtime::FlexBackend;
 use runtime::generate::Generator;
 use runtime::util::file_names::WEIGHTS_FILE;
@@ -129,15 +130,19 @@ fn import_and_convert_keep_every_block_bit_for_bit() {
 }
 
 /// The artifact loaded with `Weights::Auto` computes on the GGUF's blocks (kept over the
-/// map), with `Weights::F32` on their decoded values: the logits are the same to the bit,
-/// prompt and decode, at 1, 2 and 3 threads.
+/// map), with `Weights::F32` on their decoded values: with `Matmul::Exact` the logits are
+/// the same to the bit, prompt and decode, at 1, 2 and 3 threads. (The default,
+/// `Matmul::Auto`, rounds the inputs of the blocks' products: runtime/tests/int8.rs.)
 #[test]
 fn the_blocks_give_the_logits_of_their_values() {
     for fixture in FIXTURES {
         let tmp = tempfile::tempdir().unwrap();
         let (_, out) = imported(fixture, tmp.path());
         let load = |weights| {
-            Generator::<FlexBackend>::load_with(&out, &Default::default(), weights).unwrap()
+            let mut generator =
+                Generator::<FlexBackend>::load_with(&out, &Default::default(), weights).unwrap();
+            generator.matmul = Matmul::Exact;
+            generator
         };
         let (blocks, values) = (load(Weights::Auto), load(Weights::F32));
         let file = WeightsFile::open(&out.join(WEIGHTS_FILE)).unwrap();

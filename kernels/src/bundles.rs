@@ -119,10 +119,11 @@ macro_rules! dot4_vectors {
 #[inline(always)]
 fn dot4_x4<W: Stored>(rows: [&[W]; 4], xs: [&[f32]; 4]) -> [[f32; 4]; 4] {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 {
         let d_in = xs[0].len();
         assert!(rows.iter().all(|r| r.len() >= d_in) && xs.iter().all(|x| x.len() == d_in));
-        // SAFETY: avx512f was just detected; every row and vector holds `d_in` values.
+        // SAFETY: the AVX-512 tier was just checked; every row and vector holds `d_in`
+        // values.
         return unsafe { avx512::dot4_x4(rows.map(<[W]>::as_ptr), xs.map(<[f32]>::as_ptr), d_in) };
     }
     dot4_vectors!(rows; xs[0] => s0, xs[1] => s1, xs[2] => s2, xs[3] => s3)
@@ -134,10 +135,11 @@ fn dot4_x4<W: Stored>(rows: [&[W]; 4], xs: [&[f32]; 4]) -> [[f32; 4]; 4] {
 #[inline(always)]
 fn dot2_x8<W: Stored>(rows: [&[W]; 2], xs: [&[f32]; 8]) -> [[f32; 2]; 8] {
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") {
+    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 {
         let d_in = xs[0].len();
         assert!(rows.iter().all(|r| r.len() >= d_in) && xs.iter().all(|x| x.len() == d_in));
-        // SAFETY: avx512f was just detected; every row and vector holds `d_in` values.
+        // SAFETY: the AVX-512 tier was just checked; every row and vector holds `d_in`
+        // values.
         return unsafe { avx512::dot2_x8(rows.map(<[W]>::as_ptr), xs.map(<[f32]>::as_ptr), d_in) };
     }
     let [r0, r1] = rows;
@@ -305,12 +307,12 @@ fn block_bundles_of(
     };
     // The block kernels cover the kept types; any other decodes below, as on any CPU.
     #[cfg(target_arch = "x86_64")]
-    if std::is_x86_feature_detected!("avx512f") && ty.kept() {
+    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 && ty.kept() {
         for s in bundles.start.min(quarter)..bundles.end.min(quarter) {
             let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
             let mut store = |b: usize, k: usize, value: f32| products.store(b, rows[k], value);
-            // SAFETY: avx512f was just detected; each row holds d_in values (whole blocks,
-            // as row_bytes checked) and xs whole vectors of d_in.
+            // SAFETY: the AVX-512 tier was just checked; each row holds d_in values (whole
+            // blocks, as row_bytes checked) and xs whole vectors of d_in.
             unsafe {
                 crate::block_products::avx512::four(
                     ty,

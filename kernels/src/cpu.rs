@@ -1,20 +1,106 @@
 //! What this CPU can run, and `multiversioned!`, which compiles a kernel for each tier and
 //! picks one at run time, so one binary runs on any x86-64 and uses 16-wide registers where
 //! they exist.
+//!
+//! The tier can be lowered with the environment variable `RUNTIME_CPU` (`portable`, `avx2`,
+//! `avx512`, `avx512vnni`), read once: so every tier's kernels are tested and measured on a
+//! host that has a higher one. A tier above what the CPU has changes nothing.
 
-/// Which build of the kernels this CPU runs (`multiversioned!` picks it at each call by the
-/// same test): "avx512", "avx2" or "portable". For reports such as `bench`'s host line.
-pub fn tier() -> &'static str {
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
-            return "avx512";
-        }
-        if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-            return "avx2";
+use std::sync::OnceLock;
+
+/// The builds of the kernels, lowest first; each tier's CPUs run every tier below it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Tier {
+    /// Plain Rust, as the compiler's baseline target builds it.
+    Portable,
+    /// AVX2, FMA and F16C (Haswell, Zen 1 and later): 8-wide f32, the int8 products with
+    /// `vpmaddubsw` + `vpmaddwd`.
+    Avx2,
+    /// AVX-512 F, BW, DQ and VL (Skylake-SP and later, Zen 4): 16-wide f32; the int8
+    /// products as on AVX2.
+    Avx512,
+    /// AVX-512 with VNNI (Ice Lake, Sapphire Rapids, Zen 4): the int8 products with
+    /// `vpdpbusd`, four byte products a lane an instruction.
+    Avx512Vnni,
+}
+
+impl Tier {
+    /// Every tier, lowest first.
+    pub const ALL: [Tier; 4] = [Tier::Portable, Tier::Avx2, Tier::Avx512, Tier::Avx512Vnni];
+
+    /// The name `RUNTIME_CPU` and reports use.
+    pub fn name(self) -> &'static str {
+        match self {
+            Tier::Portable => "portable",
+            Tier::Avx2 => "avx2",
+            Tier::Avx512 => "avx512",
+            Tier::Avx512Vnni => "avx512vnni",
         }
     }
-    "portable"
+}
+
+impl std::fmt::Display for Tier {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+impl std::str::FromStr for Tier {
+    type Err = String;
+
+    fn from_str(s: &str) -> Result<Self, String> {
+        Tier::ALL
+            .into_iter()
+            .find(|tier| tier.name() == s)
+            .ok_or_else(|| {
+                let names: Vec<&str> = Tier::ALL.iter().map(|tier| tier.name()).collect();
+                format!(
+                    "unknown CPU tier `{s}` (expected one of {})",
+                    names.join(", ")
+                )
+            })
+    }
+}
+
+/// The tier the kernels run: the highest this CPU has, lowered to `RUNTIME_CPU` if that is
+/// set (an unknown name is ignored here; [`requested`] reports it).
+pub fn tier() -> Tier {
+    static TIER: OnceLock<Tier> = OnceLock::new();
+    *TIER.get_or_init(|| match requested() {
+        Ok(Some(cap)) => detected().min(cap),
+        _ => detected(),
+    })
+}
+
+/// The tier `RUNTIME_CPU` asks for, if it is set; an error naming it if it is not a tier.
+/// Programs call this once at start to turn a mistyped name into an error.
+pub fn requested() -> Result<Option<Tier>, String> {
+    match std::env::var("RUNTIME_CPU") {
+        Ok(name) => name
+            .parse()
+            .map(Some)
+            .map_err(|e| format!("RUNTIME_CPU: {e}")),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err("RUNTIME_CPU is not UTF-8".into()),
+    }
+}
+
+/// The highest tier this CPU has.
+pub fn detected() -> Tier {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") && has!("f16c") {
+            if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
+                if has!("avx512vnni") {
+                    return Tier::Avx512Vnni;
+                }
+                return Tier::Avx512;
+            }
+            return Tier::Avx2;
+        }
+    }
+    Tier::Portable
 }
 
 /// The vector features of this CPU that matter to the kernels, present or not, as
@@ -68,14 +154,14 @@ macro_rules! multiversioned {
             }
 
             #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma") {
-                // SAFETY: the features `avx512` is compiled with were just detected.
-                return unsafe { avx512 $(::<$t>)? ($($arg),*) };
-            }
-            #[cfg(target_arch = "x86_64")]
-            if std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma") {
-                // SAFETY: the features `avx2` is compiled with were just detected.
-                return unsafe { avx2 $(::<$t>)? ($($arg),*) };
+            match $crate::cpu::tier() {
+                // SAFETY: the tier's CPUs have the features `avx512` is compiled with.
+                $crate::cpu::Tier::Avx512 | $crate::cpu::Tier::Avx512Vnni => {
+                    return unsafe { avx512 $(::<$t>)? ($($arg),*) };
+                }
+                // SAFETY: as above, for `avx2`.
+                $crate::cpu::Tier::Avx2 => return unsafe { avx2 $(::<$t>)? ($($arg),*) },
+                $crate::cpu::Tier::Portable => {}
             }
             portable $(::<$t>)? ($($arg),*)
         }

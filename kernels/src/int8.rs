@@ -1,26 +1,32 @@
 //! Products over quantized rows that round each input vector to 8-bit integers first, as
 //! llama.cpp's quantized paths do, and multiply bytes by bytes (`vpdpbusd`, `vpmaddubsw` +
-//! `vpdpwssd`): several times fewer instructions per weight than widening every value to
-//! f32, which is what 4-bit weights need to stream at memory speed.
+//! `vpdpwssd` with VNNI; `vpmaddubsw` + `vpmaddwd` on AVX2): several times fewer
+//! instructions per weight than widening every value to f32, which is what 4-bit weights
+//! need to stream at memory speed.
 //!
 //! Not exact: the inputs are rounded (each block of 32 values, or of 256 for the K-quants,
 //! to `round(x / d)` with `d = max |x| / 127`, as ggml's `quantize_row_q8_0` and
-//! `quantize_row_q8_K` do) and the integer sums are scaled in another order. So this runs
-//! only when asked ([`Matmul::Int8`], `--matmul int8`); docs/BENCHMARKS.md has its
-//! perplexity and KL divergence against the exact path and llama.cpp. What stays exact is
+//! `quantize_row_q8_K` do) and the integer sums are scaled in another order. It is the
+//! default for weights kept as blocks ([`Matmul::Auto`]; `--matmul exact` turns it off);
+//! docs/BENCHMARKS.md has its perplexity and KL divergence against the exact path and
+//! llama.cpp. The two builds of the kernels (VNNI, AVX2) sum the same integers and scale
+//! them in a different order, so their results differ in the last bits. What stays exact is
 //! the batch: a vector's products are computed by the same instructions in the same order
 //! whatever else is in the batch, so a sequence decodes alike alone and among others.
 //!
 //! For each block type the weight's codes are read as unsigned bytes, and the offsets that
 //! make them signed are taken out with sums of the inputs computed once per vector:
-//! Q8_0's `q` as `q + 128` minus `128 * sum(x)`, Q4_0's `q - 8` as `q` minus `8 * sum(x)`
-//! (both added as the starting value of the dot product, so they cost nothing per row),
 //! Q6_K's `q - 32` with `32 * scale * sum(x)` per group of 16, Q4_K's minimum with its sum
-//! per group of 32.
+//! per group of 32, and with VNNI Q8_0's `q` as `q + 128` minus `128 * sum(x)` and Q4_0's
+//! `q - 8` as `q` minus `8 * sum(x)` (both added as the starting value of the dot product,
+//! so they cost nothing per row). `vpmaddubsw` saturates its pairs' sums at 2^15, which
+//! `255 * 127 * 2` passes: on AVX2, Q8_0 and Q4_0 take llama.cpp's way, the weight's
+//! magnitude times the input with the weight's sign.
 
 use std::ops::Range;
 use std::sync::atomic::{AtomicU32, Ordering};
 
+use crate::cpu::{self, Tier};
 use crate::quant::BlockType;
 
 pub mod rows;
@@ -28,17 +34,30 @@ pub mod rows;
 /// How products over quantized weights take their inputs.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Matmul {
-    /// The inputs as they are (f32): the products of the decoded weight values, to the bit.
+    /// The inputs rounded to 8-bit integers per block where this CPU has the kernels for
+    /// the weight's type (see [`runs`]: any x86-64 with AVX2), as llama.cpp multiplies
+    /// them; every other product exact. What a quantized file is for: its weights are
+    /// already an approximation, and this reads them at memory speed.
     #[default]
+    Auto,
+    /// The inputs as they are (f32): the products of the decoded weight values, to the bit.
     Exact,
-    /// The inputs rounded to 8-bit integers per block, where this CPU has the kernels for
-    /// the weight's type (see [`runs`]); other weights take the exact path.
+    /// As [`Matmul::Auto`]; a program that is asked for it by name says when it changes
+    /// nothing (no kernel on this CPU, no weight kept as blocks).
     Int8,
+}
+
+impl Matmul {
+    /// Whether products over blocks take the inputs rounded to integers (where [`runs`]).
+    pub fn rounds_inputs(self) -> bool {
+        matches!(self, Matmul::Auto | Matmul::Int8)
+    }
 }
 
 impl std::fmt::Display for Matmul {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.write_str(match self {
+            Matmul::Auto => "auto",
             Matmul::Exact => "exact",
             Matmul::Int8 => "int8",
         })
@@ -50,9 +69,12 @@ impl std::str::FromStr for Matmul {
 
     fn from_str(s: &str) -> Result<Self, String> {
         match s {
+            "auto" => Ok(Matmul::Auto),
             "exact" => Ok(Matmul::Exact),
             "int8" => Ok(Matmul::Int8),
-            other => Err(format!("unknown matmul `{other}` (expected exact or int8)")),
+            other => Err(format!(
+                "unknown matmul `{other}` (expected auto, exact or int8)"
+            )),
         }
     }
 }
@@ -67,21 +89,42 @@ pub fn runs(ty: BlockType, d_in: usize) -> bool {
     shape && available()
 }
 
-/// Whether this CPU has the int8 kernels: AVX-512 with the byte and int8-dot-product
-/// extensions (Ice Lake, Sapphire Rapids, Zen 4 and later).
+/// Whether this CPU has the int8 kernels for decoding: the AVX2 tier or above (see
+/// [`crate::cpu::Tier`]). The products of many rows (a prompt, [`rows`]) need VNNI.
 pub fn available() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    {
-        std::is_x86_feature_detected!("avx512f")
-            && std::is_x86_feature_detected!("avx512bw")
-            && std::is_x86_feature_detected!("avx512dq")
-            && std::is_x86_feature_detected!("avx512vl")
-            && std::is_x86_feature_detected!("avx512vnni")
-            && std::is_x86_feature_detected!("f16c")
-            && std::is_x86_feature_detected!("fma")
+    cpu::tier() >= Tier::Avx2
+}
+
+/// Which build of the decoding kernels runs, and so how [`Inputs`] are laid out; a CPU
+/// that runs one runs those before it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Default)]
+enum Kernels {
+    /// `avx2.rs`: 256-bit registers, `vpmaddubsw` + `vpmaddwd`, on the AVX2 and AVX-512
+    /// tiers.
+    #[default]
+    Avx2,
+    /// `avx512.rs`: 512-bit registers and `vpdpbusd`, on the AVX-512 VNNI tier.
+    Vnni,
+}
+
+impl Kernels {
+    /// The fastest this CPU runs (at its tier).
+    fn here() -> Kernels {
+        if cpu::tier() >= Tier::Avx512Vnni {
+            Kernels::Vnni
+        } else {
+            Kernels::Avx2
+        }
     }
-    #[cfg(not(target_arch = "x86_64"))]
-    false
+
+    /// Every build this CPU runs, for tests.
+    #[cfg(test)]
+    fn runnable() -> Vec<Kernels> {
+        [Kernels::Avx2, Kernels::Vnni]
+            .into_iter()
+            .filter(|&kernels| available() && kernels <= Kernels::here())
+            .collect()
+    }
 }
 
 /// How a weight type wants its inputs rounded.
@@ -109,6 +152,8 @@ impl Format {
 pub struct Inputs {
     d_in: usize,
     n: usize,
+    /// The kernels these are laid out for.
+    kernels: Kernels,
     /// Blocks of 32 (ggml's Q8_0 rounding): the integers, vector after vector.
     q32: Vec<i8>,
     /// Blocks of 32: each block's scale.
@@ -140,11 +185,23 @@ pub struct Inputs {
 impl Inputs {
     /// `xs` (vectors of `d_in`, one after another) rounded for the weight types `types`.
     pub fn new(xs: &[f32], d_in: usize, types: impl IntoIterator<Item = BlockType>) -> Self {
+        Inputs::for_kernels(xs, d_in, types, Kernels::here())
+    }
+
+    fn for_kernels(
+        xs: &[f32],
+        d_in: usize,
+        types: impl IntoIterator<Item = BlockType>,
+        kernels: Kernels,
+    ) -> Self {
         let mut inputs = Inputs {
             d_in,
             n: xs.len() / d_in,
+            kernels,
             ..Inputs::default()
         };
+        // The AVX2 kernels read the rounded blocks as they are; the VNNI ones as below.
+        let vnni = inputs.kernels == Kernels::Vnni;
         let types: Vec<BlockType> = types.into_iter().collect();
         if types
             .iter()
@@ -152,17 +209,17 @@ impl Inputs {
         {
             inputs.round32(xs);
         }
-        if types.contains(&BlockType::Q8_0) {
+        if vnni && types.contains(&BlockType::Q8_0) {
             inputs.lay_out_pairs();
         }
-        if types.contains(&BlockType::Q4_0) {
+        if vnni && types.contains(&BlockType::Q4_0) {
             inputs.lay_out_quads();
         }
         if types
             .iter()
             .any(|&ty| Format::of(ty) == Some(Format::Blocks256))
         {
-            inputs.round256(xs);
+            inputs.round256(xs, vnni);
         }
         inputs
     }
@@ -218,10 +275,12 @@ impl Inputs {
         }
     }
 
-    fn round256(&mut self, xs: &[f32]) {
+    fn round256(&mut self, xs: &[f32], paired: bool) {
         assert!(self.d_in.is_multiple_of(256));
         self.q256 = vec![0; xs.len()];
-        self.paired = vec![0; xs.len()];
+        if paired {
+            self.paired = vec![0; xs.len()];
+        }
         self.scales256 = vec![0.0; xs.len() / 256];
         self.sums16 = vec![0; xs.len() / 16];
         let blocks = xs.chunks_exact(256).zip(self.q256.chunks_exact_mut(256));
@@ -230,8 +289,10 @@ impl Inputs {
             for (k, q) in q.chunks_exact(16).enumerate() {
                 self.sums16[b * 16 + k] = q.iter().map(|&q| i16::from(q)).sum();
             }
-            for (to, from) in [0, 2, 1, 3, 4, 6, 5, 7].into_iter().enumerate() {
-                self.paired[b * 256 + to * 32..][..32].copy_from_slice(&q[from * 32..][..32]);
+            if paired {
+                for (to, from) in [0, 2, 1, 3, 4, 6, 5, 7].into_iter().enumerate() {
+                    self.paired[b * 256 + to * 32..][..32].copy_from_slice(&q[from * 32..][..32]);
+                }
             }
         }
     }
@@ -246,8 +307,8 @@ fn quad_stride(d_in: usize) -> usize {
 /// round(x / d)`); returns `d`.
 fn round_block(x: &[f32], q: &mut [i8]) -> f32 {
     #[cfg(target_arch = "x86_64")]
-    if x.len().is_multiple_of(16) && q.len() == x.len() && available() {
-        // SAFETY: `available` checked the features; the lengths are the kernel's.
+    if x.len().is_multiple_of(16) && q.len() == x.len() && cpu::tier() >= Tier::Avx512 {
+        // SAFETY: the tier has AVX-512 F and BW; the lengths are the kernel's.
         return unsafe { avx512::round_block(x, q) };
     }
     round_scalar(x, q)
@@ -283,10 +344,14 @@ pub(super) fn four(
     store: &mut impl FnMut(usize, usize, f32),
 ) {
     check(ty, &rows, inputs);
+    let rows = rows.map(<[u8]>::as_ptr);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `check` made sure of the features and of every row's and vector's length.
     unsafe {
-        avx512::four(ty, rows.map(<[u8]>::as_ptr), inputs, store)
+        match inputs.kernels {
+            Kernels::Vnni => avx512::four(ty, rows, inputs, store),
+            Kernels::Avx2 => avx2::four(ty, rows, inputs, store),
+        }
     }
 }
 
@@ -296,7 +361,10 @@ pub(super) fn one(ty: BlockType, row: &[u8], inputs: &Inputs, store: &mut impl F
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as in `four`.
     unsafe {
-        avx512::one(ty, row.as_ptr(), inputs, store)
+        match inputs.kernels {
+            Kernels::Vnni => avx512::one(ty, row.as_ptr(), inputs, store),
+            Kernels::Avx2 => avx2::one(ty, row.as_ptr(), inputs, store),
+        }
     }
 }
 
@@ -330,6 +398,36 @@ pub(super) fn bundles(
     }
 }
 
+/// Hints into L1 the cache lines of `bytes` bytes at `at` a row further on: the same
+/// place in the next bundle's row (a share's rows are one after another). Without it,
+/// Q4_K_M decoding ran 25% slower; two or four rows ahead, no faster than one.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn fetch(at: *const u8, row_bytes: usize, bytes: usize) {
+    use std::arch::x86_64::{_MM_HINT_T0, _mm_prefetch};
+    let mut line = 0;
+    while line < bytes {
+        // SAFETY: a prefetch is a hint; it reads nothing and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(row_bytes + line).cast()) };
+        line += 64;
+    }
+}
+
+/// Q4_K's packed scales and mins (`quant::scale_min_k4`), eight bytes each, as
+/// llama.cpp unpacks them: in 32-bit words.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn scales_mins(p: *const u8) -> (i64, i64) {
+    const LOW6: u32 = 0x3f3f_3f3f;
+    const LOW4: u32 = 0x0f0f_0f0f;
+    const LOW2: u32 = 0x0303_0303;
+    let word = |i: usize| unsafe { p.add(4 * i).cast::<u32>().read_unaligned() };
+    let (a, b, c) = (word(0), word(1), word(2));
+    let scales = (a & LOW6) as u64 | ((((c & LOW4) | (((a >> 6) & LOW2) << 4)) as u64) << 32);
+    let mins = (b & LOW6) as u64 | (((((c >> 4) & LOW4) | (((b >> 6) & LOW2) << 4)) as u64) << 32);
+    (scales as i64, mins as i64)
+}
+
 fn check(ty: BlockType, rows: &[&[u8]], inputs: &Inputs) {
     let d_in = inputs.d_in;
     assert!(
@@ -338,15 +436,22 @@ fn check(ty: BlockType, rows: &[&[u8]], inputs: &Inputs) {
     );
     let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
     assert!(rows.iter().all(|row| row.len() >= row_bytes));
+    assert!(
+        inputs.kernels <= Kernels::here(),
+        "inputs laid out for kernels this CPU does not run"
+    );
     // What `Inputs::new` lays out for this type, in values.
-    let made = match ty {
-        BlockType::Q8_0 => inputs.pair_sums.len() * 4,
-        BlockType::Q4_0 => inputs.quads.len() / quad_stride(d_in) * d_in,
+    let made = match (ty, inputs.kernels) {
+        (BlockType::Q8_0, Kernels::Vnni) => inputs.pair_sums.len() * 4,
+        (BlockType::Q4_0, Kernels::Vnni) => inputs.quads.len() / quad_stride(d_in) * d_in,
+        (BlockType::Q8_0 | BlockType::Q4_0, Kernels::Avx2) => inputs.q32.len(),
         _ => inputs.q256.len(),
     };
     assert_eq!(made, inputs.n * d_in, "inputs rounded for {ty}");
 }
 
+#[cfg(target_arch = "x86_64")]
+mod avx2;
 #[cfg(target_arch = "x86_64")]
 mod avx512;
 

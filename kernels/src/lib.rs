@@ -12,7 +12,8 @@
 //! - [`team`]: threads kept spinning while one token decodes, for its many short regions.
 //! - [`block_products`]: products over quantized rows, each block decoded in registers.
 //! - [`bundles`]: matrix-vector products four rows at a time, for a batch of vectors.
-//! - [`int8`]: those products with the inputs rounded to 8-bit integers (`--matmul int8`).
+//! - [`int8`]: those products with the inputs rounded to 8-bit integers (the default
+//!   for blocks).
 //! - [`matvec`]: matrix-vector products split across threads with work stealing.
 //! - [`panels`]: products of many rows (a prompt) reading the weight in cache-sized panels.
 //! - [`linear`]: products of many rows with a weight: [`panels`] on AVX-512, else gemm.

@@ -102,7 +102,7 @@ impl<'a> Rows<'a> {
 /// vectors `x_b` of `d_in` that `xs` holds one after another, all split across the pool's
 /// threads in one parallel region (one hand-off for q, k and v together). Each weight is
 /// read once for all the vectors (a batch of decoded tokens), and a vector's products are
-/// the same, bit for bit, whatever else is in `xs`. With [`Matmul::Int8`], products over
+/// the same, bit for bit, whatever else is in `xs`. Unless [`Matmul::Exact`], products over
 /// blocks that have an int8 kernel take `xs` rounded to integers, once for all of them.
 pub fn matvecs(weights: &[Rows<'_>], xs: &[f32], d_in: usize, matmul: Matmul) -> Vec<Vec<f32>> {
     let threads = rayon::current_num_threads();
@@ -111,7 +111,9 @@ pub fn matvecs(weights: &[Rows<'_>], xs: &[f32], d_in: usize, matmul: Matmul) ->
         Rows::Blocks(ty, _) if rows.takes_int8(d_in) => Some(*ty),
         _ => None,
     });
-    let inputs = (matmul == Matmul::Int8).then(|| Inputs::new(xs, d_in, int8_types));
+    let inputs = matmul
+        .rounds_inputs()
+        .then(|| Inputs::new(xs, d_in, int8_types));
     let inputs = inputs.as_ref();
     // Whichever thread computes a row stores it, so the outputs are atomics; a relaxed
     // store is a plain store on x86, and the region's end orders them before the reads.

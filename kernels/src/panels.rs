@@ -34,7 +34,7 @@ const KC: usize = 256;
 pub fn available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        std::is_x86_feature_detected!("avx512f") && std::is_x86_feature_detected!("fma")
+        crate::cpu::tier() >= crate::cpu::Tier::Avx512
     }
     #[cfg(not(target_arch = "x86_64"))]
     {

@@ -291,7 +291,7 @@ multiversioned! {
     pub fn dot_rows4<S: Stored>(query: &[f32], rows: [&[S]; 4], stride: usize, scores: [&mut [f32]; 4]) {
         let width = query.len();
         #[cfg(target_arch = "x86_64")]
-        if width.is_multiple_of(LANES) && std::is_x86_feature_detected!("avx512f") {
+        if width.is_multiple_of(LANES) && crate::cpu::tier() >= crate::cpu::Tier::Avx512 {
             // Sixteen rows at a time, their sums added transposed (see `avx512::dot16`).
             for (rows, scores) in rows.iter().zip(scores) {
                 let whole = scores.len() - scores.len() % LANES;
@@ -300,7 +300,7 @@ multiversioned! {
                     let first = b * LANES * stride;
                     assert!(rows.len() >= first + (LANES - 1) * stride + width);
                     let block: &mut [f32; LANES] = block.try_into().expect("a whole register");
-                    // SAFETY: avx512f was just detected; the sixteen rows, `stride` apart
+                    // SAFETY: the AVX-512 tier was just checked; the sixteen rows, `stride` apart
                     // from `first`, each `width` long, lie inside `rows` (asserted).
                     *block = unsafe { avx512::dot16(query, rows[first..].as_ptr(), stride) };
                 }

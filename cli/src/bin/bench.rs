@@ -27,8 +27,8 @@ use anyhow::{Context, Result, bail};
 use clap::Parser;
 use cli::BackendKind;
 use kernels::int8::Matmul;
-use runtime::generate::Generator;
-use runtime::generate::sampling::argmax;
+use runtime::generate::sampling::{Sampler, SamplingParams, argmax};
+use runtime::generate::{GenerateOptions, Generator};
 use runtime::model::backend::KernelBackend;
 use runtime::model::cache::KvDtype;
 use runtime::model::params::params;
@@ -66,7 +66,7 @@ struct Cli {
     #[arg(long, default_value = "f32")]
     kv_cache: KvDtype,
     /// How products over quantized weights take their inputs (see `runtime --help`).
-    #[arg(long, default_value = "exact")]
+    #[arg(long, default_value = "auto")]
     matmul: Matmul,
     /// Prompt tokens in the KV cache before tg128 starts (llama-bench's `-d`).
     #[arg(long, default_value_t = 0)]
@@ -86,6 +86,14 @@ struct Cli {
     /// to measure what constrained decoding costs. Not with --gguf.
     #[arg(long, value_name = "FILE", conflicts_with = "gguf")]
     json_schema: Option<PathBuf>,
+    /// Also measure decoding with tokens sampled at this temperature (top-p 1, no top-k, as
+    /// an OpenAI request with only `temperature` asks; a seed per sequence; end-of-text
+    /// banned, so every run decodes as many tokens): tg128 beside the greedy one, and with
+    /// --streams, the sequences stepped by the server's engine (`Generator::step_each`)
+    /// instead of fed fixed ids; llama.cpp's batched runs then sample too, with
+    /// llama-server's default chain. 0 picks greedily through those same paths.
+    #[arg(long, conflicts_with = "json_schema")]
+    temperature: Option<f32>,
     /// Write SVG figures from these files of the bench's JSON lines (comma-separated)
     /// into --figures, and measure nothing.
     #[arg(long, value_delimiter = ',', value_name = "JSONL")]
@@ -105,6 +113,9 @@ struct Sample {
     pp128: f64,
     pp512: f64,
     tg128: f64,
+    /// tg128 with `--temperature`'s sampling (ours only).
+    #[serde(default)]
+    tg128_sampled: Option<f64>,
     peak_rss_mb: f64,
     /// What one tg128 token reads on average: every weight but the embedding, and the KV
     /// cache up to its position (not known for llama.cpp's runs).
@@ -125,6 +136,8 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: &Cli, started: Instant) -> Result<()> {
+    // A mistyped tier would otherwise be ignored and the figures taken for that tier's.
+    kernels::cpu::requested().map_err(anyhow::Error::msg)?;
     if !cli.plot.is_empty() {
         let lines = cli::plot::Lines::read(&cli.plot)?;
         for path in cli::plot::write_figures(&lines, &cli.figures)? {
@@ -182,6 +195,10 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
     for &n in &cli.streams {
         // The prompts one after another, as `runtime serve` prefills them: each one's first
         // logits come when its own prefill ends.
+        if let Some(temperature) = cli.temperature {
+            samples.push(measure_sampled_streams(&generator, cli, n, temperature)?);
+            continue;
+        }
         let arrived = Instant::now();
         let mut ttft_s = 0.0;
         let mut caches = (0..n)
@@ -219,6 +236,47 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
         });
     }
     Ok(samples)
+}
+
+/// `--streams` with `--temperature`: `n` sequences started as `runtime serve` starts them
+/// (each prompt prefilled in turn) and stepped together by the engine, each token sampled.
+fn measure_sampled_streams<B: KernelBackend>(
+    generator: &Generator<B>,
+    cli: &Cli,
+    n: usize,
+    temperature: f32,
+) -> Result<StreamSample> {
+    let tokenizer = Tokenizer::from_dir(&cli.artifacts)?;
+    let arrived = Instant::now();
+    let mut ttft_s = 0.0;
+    let mut sequences = (0..n)
+        .map(|s| {
+            let prompt: Vec<u32> = tokens(16).iter().map(|&t| t + s as u32).collect();
+            let options = GenerateOptions {
+                max_new_tokens: STREAM_STEPS + 1,
+                sampling: sampling(generator, temperature, s as u64),
+                stop: Vec::new(),
+                grammar: None,
+            };
+            let sequence = generator.start(&tokenizer, &prompt, options)?;
+            ttft_s += arrived.elapsed().as_secs_f64() / n as f64;
+            Ok(sequence)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    let t = Instant::now();
+    for _ in 0..STREAM_STEPS {
+        let mut stepped: Vec<_> = sequences.iter_mut().collect();
+        for result in generator.step_each(&mut stepped, |_, _| {}) {
+            if result?.is_some() {
+                bail!("a sequence ended before {STREAM_STEPS} tokens");
+            }
+        }
+    }
+    Ok(StreamSample {
+        streams: n,
+        aggregate_tok_s: (n * STREAM_STEPS) as f64 / t.elapsed().as_secs_f64(),
+        ttft_s,
+    })
 }
 
 /// `--json-schema`'s streams: each one's grammar, and the logits it picks from.
@@ -301,7 +359,8 @@ fn parent_streams(cli: &Cli) -> Result<()> {
             }
             Engine::LlamaCpp(gguf) => (cli.streams.iter())
                 .map(|&n| {
-                    let args = [threads, n, STREAM_STEPS];
+                    let mut args = [threads, n, STREAM_STEPS].map(|a| a.to_string()).to_vec();
+                    args.extend(cli.temperature.map(|t| t.to_string()));
                     llama_cpp::<StreamSample>(cli, "llamacpp_batched.py", gguf, &args)
                 })
                 .collect(),
@@ -345,6 +404,7 @@ fn parent_streams(cli: &Cli) -> Result<()> {
                 "engine": name, "kind": engine.kind(), "threads": threads, "runs": cli.runs,
                 "streams": n, "aggregate_tok_s": total, "ttft_ms": ttft_ms, "weights": weights,
                 "kv_cache": kv_cache, "matmul": matmul, "read_bandwidth_gb_s": bandwidth,
+                "temperature": cli.temperature,
                 "host": host, "date": date, "load_average": load_average,
             }));
         }
@@ -393,6 +453,25 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
         next = argmax(&logits);
     }
     let tg128 = 128.0 / t.elapsed().as_secs_f64();
+    // The same with each token drawn as the server draws it.
+    let tg128_sampled = match cli.temperature {
+        Some(temperature) => {
+            let mut cache = generator.new_cache(depth + 128)?;
+            if depth > 0 {
+                generator.forward_logits(&tokens(depth), &mut cache, false)?;
+            }
+            let mut sampler = Sampler::new(sampling(&generator, temperature, 0));
+            let mut history = vec![tokens(1)[0]];
+            let t = Instant::now();
+            for _ in 0..128 {
+                let last = *history.last().expect("a first token");
+                let mut logits = generator.forward_logits(&[last], &mut cache, false)?;
+                history.push(sampler.sample(&mut logits, &history));
+            }
+            Some(128.0 / t.elapsed().as_secs_f64())
+        }
+        None => None,
+    };
     // Decode reads every weight once per token, except the embedding: one row of it. A
     // matrix kept as blocks is a tensor of one-byte elements, which the loader counted.
     let weight_bytes: usize = params::<B, _>(&generator.model)
@@ -412,9 +491,25 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
         pp128,
         pp512,
         tg128,
+        tg128_sampled,
         peak_rss_mb: peak_rss_mb()?,
         bytes_per_token: Some(bytes_per_token),
     })
+}
+
+/// `--temperature`'s sampling for sequence `seed`: top-p 1 and no top-k (an OpenAI
+/// request's defaults), end-of-text banned so every run decodes as many tokens.
+fn sampling<B: KernelBackend>(
+    generator: &Generator<B>,
+    temperature: f32,
+    seed: u64,
+) -> SamplingParams {
+    SamplingParams {
+        temperature,
+        seed,
+        logit_bias: generator.eos_ids().iter().map(|&id| (id, -100.0)).collect(),
+        ..SamplingParams::default()
+    }
 }
 
 /// VmHWM: this process's peak resident set.
@@ -468,7 +563,8 @@ impl Engine<'_> {
                 &["--depth".into(), cli.depth.to_string()],
             ),
             Engine::LlamaCpp(gguf) => {
-                llama_cpp(cli, "llamacpp_bench.py", gguf, &[threads, cli.depth])
+                let args = [threads, cli.depth].map(|a| a.to_string());
+                llama_cpp(cli, "llamacpp_bench.py", gguf, &args)
             }
         }
     }
@@ -499,10 +595,15 @@ fn parent(cli: &Cli) -> Result<()> {
         |(engine, _)| engine,
         |(engine, threads)| Ok(vec![engine.sample(cli, *threads)?]),
     )?;
+    // With --temperature, a column for tg128 with sampled tokens (ours only).
+    let (sampled_head, sampled_rule) = match cli.temperature {
+        Some(t) => (format!(" {tg} sampled t={t} |"), "---|"),
+        None => (String::new(), ""),
+    };
     println!(
-        "| engine | threads | load s | pp128 tok/s | pp512 tok/s | {tg} tok/s | tg % of bound | peak RSS MB |"
+        "| engine | threads | load s | pp128 tok/s | pp512 tok/s | {tg} tok/s |{sampled_head} tg % of bound | peak RSS MB |"
     );
-    println!("|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|{sampled_rule}---|---|");
     let mut json_lines = Vec::new();
     for ((engine, threads), samples) in configs.iter().zip(&samples) {
         let name = engine.name();
@@ -521,6 +622,13 @@ fn parent(cli: &Cli) -> Result<()> {
             med(|s| s.tg128),
             med(|s| s.peak_rss_mb),
         );
+        let sampled: Vec<f64> = samples.iter().filter_map(|s| s.tg128_sampled).collect();
+        let tg128_sampled = (!sampled.is_empty()).then(|| median(sampled));
+        let sampled_cell = match (cli.temperature, tg128_sampled) {
+            (None, _) => String::new(),
+            (Some(_), None) => " - |".to_string(),
+            (Some(_), Some(tok_s)) => format!(" {tok_s:.1} |"),
+        };
         let bound = (samples[0].bytes_per_token).map(|bytes| bandwidth * 1e9 / bytes);
         let percent = bound.map(|bound| 100.0 * tg128 / bound);
         let shown = percent.map_or("-".to_string(), |p| format!("{p:.0}%"));
@@ -532,11 +640,12 @@ fn parent(cli: &Cli) -> Result<()> {
             ours.then(|| cli.matmul.to_string()),
         );
         println!(
-            "| {name} | {threads} | {load:.2} | {pp128:.1} | {pp512:.1} | {tg128:.1} | {shown} | {rss:.0} |",
+            "| {name} | {threads} | {load:.2} | {pp128:.1} | {pp512:.1} | {tg128:.1} |{sampled_cell} {shown} | {rss:.0} |",
         );
         json_lines.push(serde_json::json!({
             "engine": name, "threads": threads, "runs": cli.runs, "load_s": load,
             "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128, "depth": cli.depth,
+            "tg128_sampled_tok_s": tg128_sampled, "temperature": cli.temperature,
             "weights": weights, "kv_cache": kv_cache, "matmul": matmul,
             "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth, "host": host,
             "tg_bound_tok_s": bound, "tg_percent_of_bound": percent, "kind": engine.kind(),
@@ -630,6 +739,7 @@ fn child<T: serde::de::DeserializeOwned>(
         .args(["--weights", &cli.weights.to_string()])
         .args(["--kv-cache", &cli.kv_cache.to_string()])
         .args(["--matmul", &cli.matmul.to_string()])
+        .args((cli.temperature.iter()).flat_map(|t| ["--temperature".to_string(), t.to_string()]))
         .args(extra)
         .output()?;
     if !out.status.success() {
@@ -649,7 +759,7 @@ fn llama_cpp<T: serde::de::DeserializeOwned>(
     cli: &Cli,
     script: &str,
     gguf: &PathBuf,
-    args: &[usize],
+    args: &[String],
 ) -> Result<T> {
     let script = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
         .join("../scripts")
@@ -657,7 +767,7 @@ fn llama_cpp<T: serde::de::DeserializeOwned>(
     let out = Command::new(&cli.python)
         .arg(script)
         .arg(gguf)
-        .args(args.iter().map(usize::to_string))
+        .args(args)
         .output()
         .with_context(|| format!("cannot run {}", cli.python.display()))?;
     if !out.status.success() {
@@ -677,7 +787,7 @@ fn host(cores: usize) -> serde_json::Value {
         .find_map(|line| line.strip_prefix("model name")?.split_once(':'))
         .map_or("unknown".into(), |(_, name)| name.trim().to_string());
     let features = kernels::cpu::cpu_features().join(" ");
-    let kernels = kernels::cpu::tier();
+    let kernels = kernels::cpu::tier().name();
     eprintln!("host: {cpu}, {cores} cores; {features}; kernels: {kernels}");
     serde_json::json!({"cpu": cpu, "cores": cores, "features": features, "kernels": kernels})
 }

@@ -75,13 +75,13 @@ struct CommonArgs {
     /// every key and value.
     #[arg(long, default_value = "f32")]
     kv_cache: KvDtype,
-    /// How products over quantized weights (q8_0, q4_0, q4_k, q6_k; from --weights or a
-    /// quantized GGUF) take their inputs: exact (as f32: the products of the decoded weights,
-    /// to the bit) or int8 (each block of inputs rounded to 8-bit integers and multiplied
-    /// as integers, as llama.cpp does: decoding 3.4x faster on Q4_K_M, 1.3x on Q4_0, prompts
-    /// 2-2.4x on every type, and not exact; needs AVX-512 VNNI, else exact). Other weights are
-    /// always exact.
-    #[arg(long, default_value = "exact")]
+    /// How products over weights kept as ggml blocks (q8_0, q4_0, q4_k, q6_k; from --weights
+    /// or a quantized GGUF) take their inputs: auto (each block of inputs rounded to 8-bit
+    /// integers and multiplied as integers, as llama.cpp does, on any x86-64 with AVX2; else
+    /// exact), int8 (the same, with a note when it changes nothing) or exact (as f32: the
+    /// products of the decoded weights, to the bit; decoding 3.4x slower on Q4_K_M).
+    /// f32 and bf16 weights are always exact.
+    #[arg(long, default_value = "auto")]
     matmul: Matmul,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -339,6 +339,8 @@ fn main() -> ExitCode {
 }
 
 fn run(cli: Cli, started: Instant) -> Result<()> {
+    // A mistyped tier would otherwise be ignored and the figures taken for that tier's.
+    kernels::cpu::requested().map_err(anyhow::Error::msg)?;
     let common = match &cli.command {
         Some(Command::Perplexity(args)) => &args.common,
         Some(Command::Chat(args)) => &args.common,
@@ -435,7 +437,7 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     generator.matmul = common.matmul;
     if common.matmul == Matmul::Int8 {
         if !kernels::int8::available() {
-            eprintln!("note: this CPU has no AVX-512 VNNI: --matmul int8 runs the exact products");
+            eprintln!("note: this CPU has no AVX2: --matmul int8 runs the exact products");
         } else if generator.kept.blocks == 0 {
             eprintln!(
                 "note: --matmul int8 changes nothing here: no weight is kept as blocks (see --weights)"

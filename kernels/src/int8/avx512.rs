@@ -4,7 +4,7 @@
 
 use std::arch::x86_64::*;
 
-use super::Inputs;
+use super::{Inputs, fetch, scales_mins};
 use crate::quant::BlockType;
 
 /// `super::round_block`, sixteen values at a time: the same maximum (which any order
@@ -132,19 +132,6 @@ unsafe fn four_of<K: Kernel>(
 unsafe fn one_of<K: Kernel>(row: *const u8, inputs: &Inputs, store: &mut impl FnMut(usize, f32)) {
     for b in 0..inputs.n {
         store(b, unsafe { K::tile([row], inputs, [b]) }[0][0]);
-    }
-}
-
-/// Hints into L1 the cache lines of `bytes` bytes at `at` a row further on: the same
-/// place in the next bundle's row (a share's rows are one after another). Without it,
-/// Q4_K_M decoding ran 25% slower; two or four rows ahead, no faster than one.
-#[inline(always)]
-fn fetch(at: *const u8, row_bytes: usize, bytes: usize) {
-    let mut line = 0;
-    while line < bytes {
-        // SAFETY: a prefetch is a hint; it reads nothing and never faults.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(at.wrapping_add(row_bytes + line).cast()) };
-        line += 64;
     }
 }
 
@@ -392,20 +379,6 @@ unsafe fn scaled_dots<const R: usize, const V: usize>(
             }
         }
     }
-}
-
-/// Q4_K's packed scales and mins (`quant::scale_min_k4`), eight bytes each, as
-/// llama.cpp unpacks them: in 32-bit words.
-#[inline(always)]
-unsafe fn scales_mins(p: *const u8) -> (i64, i64) {
-    const LOW6: u32 = 0x3f3f_3f3f;
-    const LOW4: u32 = 0x0f0f_0f0f;
-    const LOW2: u32 = 0x0303_0303;
-    let word = |i: usize| unsafe { p.add(4 * i).cast::<u32>().read_unaligned() };
-    let (a, b, c) = (word(0), word(1), word(2));
-    let scales = (a & LOW6) as u64 | ((((c & LOW4) | (((a >> 6) & LOW2) << 4)) as u64) << 32);
-    let mins = (b & LOW6) as u64 | (((((c >> 4) & LOW4) | (((b >> 6) & LOW2) << 4)) as u64) << 32);
-    (scales as i64, mins as i64)
 }
 
 /// Q6_K: sixteen groups of 16 with 8-bit scales; each half of the block (128 values)

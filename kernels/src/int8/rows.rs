@@ -1,7 +1,7 @@
 //! Products of many rows (a prompt) with quantized weights (Q8_0, Q4_0, Q4_K, Q6_K), the
 //! rows rounded to 8-bit integers first as for decoding (see [`super`]): per 32 for Q8_0
 //! and Q4_0, per 256 for the K-quants. The int8 counterpart of [`crate::panels`],
-//! for `--matmul int8`.
+//! on the AVX-512 VNNI tier.
 //!
 //! Why: an f32 FMA does 16 multiply-adds, a `vpdpbusd` 64. A panel of 16 weight rows over
 //! a step of 256 inputs is unpacked once into bytes laid out as `vpdpbusd` reads them
@@ -25,6 +25,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::Format;
+use crate::cpu::{self, Tier};
 use crate::quant::{BlockType, scale_min_k4};
 
 /// Weight rows per panel: one register of `i32` lanes.
@@ -38,15 +39,20 @@ const GROUP: usize = 4 * NR;
 /// Inputs per step: a K-quant block, eight Q8_0 or Q4_0 blocks.
 const QK: usize = 256;
 
+/// Whether this CPU runs [`linear_rows`] for `ty` rows of `d_in`: the decoding kernels'
+/// types and shapes, on the AVX-512 VNNI tier (elsewhere prompts take the exact path).
+pub fn runs(ty: BlockType, d_in: usize) -> bool {
+    super::runs(ty, d_in) && cpu::tier() >= Tier::Avx512Vnni
+}
+
 /// `x` (`rows` rows of `d_in`) times the weight whose rows are `ty` blocks in `weight`:
 /// `rows` rows of `d_out`, each row of x rounded to 8-bit integers first.
 ///
 /// # Panics
-/// Unless [`super::runs`]`(ty, d_in)` (the decoding kernels' types and shapes) and
-/// `weight` is whole rows.
+/// Unless [`runs`]`(ty, d_in)` and `weight` is whole rows.
 pub fn linear_rows(x: &[f32], ty: BlockType, weight: &[u8], d_in: usize) -> Vec<f32> {
     assert!(
-        super::runs(ty, d_in),
+        runs(ty, d_in),
         "no int8 prompt kernel for {ty} rows of {d_in} here"
     );
     let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");

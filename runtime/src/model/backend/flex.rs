@@ -364,7 +364,7 @@ impl KernelBackend for FlexBackend {
                 rows.iter()
                     .map(|&w| match w {
                         Rows::Blocks(ty, blocks)
-                            if matmul == Matmul::Int8 && int8::runs(ty, d_in) =>
+                            if matmul.rounds_inputs() && int8::rows::runs(ty, d_in) =>
                         {
                             int8::rows::linear_rows(x, ty, blocks, d_in)
                         }

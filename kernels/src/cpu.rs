@@ -135,21 +135,21 @@ pub fn cpu_features() -> Vec<String> {
 /// with those target features; a closure would not be (LLVM declines to inline a large
 /// one), which silently leaves the loops at 4-wide SSE.
 macro_rules! multiversioned {
-    ($(#[$meta:meta])* pub fn $name:ident $(<$t:ident: $bound:ident>)? ($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+    ($(#[$meta:meta])* pub fn $name:ident $(<$t:ident: $bound:ident>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
-        pub fn $name $(<$t: $bound>)? ($($arg: $ty),*) {
+        pub fn $name $(<$t: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            fn portable $(<$t: $bound>)? ($($arg: $ty),*) $body
+            fn portable $(<$t: $bound>)? ($($arg: $ty),*) $(-> $ret)? $body
 
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx512f,avx2,fma")]
-            unsafe fn avx512 $(<$t: $bound>)? ($($arg: $ty),*) {
+            unsafe fn avx512 $(<$t: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
                 portable $(::<$t>)? ($($arg),*)
             }
 
             #[cfg(target_arch = "x86_64")]
             #[target_feature(enable = "avx2,fma")]
-            unsafe fn avx2 $(<$t: $bound>)? ($($arg: $ty),*) {
+            unsafe fn avx2 $(<$t: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
                 portable $(::<$t>)? ($($arg),*)
             }
 

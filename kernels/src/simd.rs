@@ -120,7 +120,30 @@ multiversioned! {
 pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{LANES, Stored};
+    use super::{LANES, STREAMS, Stored};
+
+    /// `super::sum_streams`: the first `len` words (a multiple of 8) of each stream.
+    ///
+    /// # Safety
+    /// AVX-512F present; every pointer valid for `len` words.
+    #[target_feature(enable = "avx512f")]
+    pub(crate) unsafe fn sum_streams(streams: [*const u64; STREAMS], len: usize) -> u64 {
+        let mut sums = [_mm512_setzero_si512(); STREAMS];
+        let mut i = 0;
+        while i < len {
+            for (sum, stream) in sums.iter_mut().zip(streams) {
+                // SAFETY: i + 8 <= len words of each stream.
+                let words = unsafe { _mm512_loadu_si512(stream.add(i).cast()) };
+                *sum = _mm512_add_epi64(*sum, words);
+            }
+            i += 8;
+        }
+        let mut total = 0u64;
+        for sum in sums {
+            total = total.wrapping_add(_mm512_reduce_add_epi64(sum) as u64);
+        }
+        total
+    }
 
     /// Sixteen f32 values from `p`, `W` widened exactly.
     #[inline]
@@ -500,6 +523,35 @@ pub fn exp_shifted_sum(row: &mut [f32], shift: f32) -> f32 {
     lanes.iter().sum::<f32>() + tail_sum
 }
 
+/// Streams [`sum_streams`] reads side by side.
+pub const STREAMS: usize = 8;
+
+/// The wrapping sum of every word of `streams`, read side by side 64 bytes of each at a
+/// time: memory read as the weight kernels read it (several rows far apart at once, at the
+/// widest loads), so a bandwidth probe built on it measures what decoding can draw. At
+/// baseline x86-64, adding the words took longer than reading them; 4 KiB of one stream
+/// and then the next read half as fast; and LLVM left the plain loop scalar, so the
+/// AVX-512 tier has it in intrinsics.
+pub fn sum_streams(streams: [&[u64]; STREAMS]) -> u64 {
+    const LANES: usize = 8;
+    let len = streams.iter().map(|s| s.len()).min().unwrap_or(0) / LANES * LANES;
+    let tails = streams.iter().flat_map(|s| &s[len..]);
+    let tail = tails.fold(0u64, |a, &b| a.wrapping_add(b));
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 {
+        // SAFETY: the AVX-512 tier was just checked; each stream holds `len` words.
+        return tail
+            .wrapping_add(unsafe { avx512::sum_streams(streams.map(<[u64]>::as_ptr), len) });
+    }
+    let mut sum = tail;
+    for i in (0..len).step_by(LANES) {
+        for stream in &streams {
+            sum = (stream[i..i + LANES].iter()).fold(sum, |a, &b| a.wrapping_add(b));
+        }
+    }
+    sum
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -507,6 +559,24 @@ mod tests {
     /// Distance in units in the last place.
     fn ulps(a: f32, b: f32) -> u32 {
         (a.to_bits() as i64 - b.to_bits() as i64).unsigned_abs() as u32
+    }
+
+    /// The probe's sum is every word's, whatever the streams' lengths (the shortest
+    /// sets how far they are read side by side; the rest are summed after).
+    #[test]
+    fn sum_streams_adds_every_word() {
+        let words: Vec<u64> = (0..5000u64)
+            .map(|i| i.wrapping_mul(0x9e37_79b9_7f4a_7c15))
+            .collect();
+        for lens in [[600; STREAMS], [601, 17, 0, 9, 800, 64, 65, 3]] {
+            let mut at = 0;
+            let streams: [&[u64]; STREAMS] = std::array::from_fn(|i| {
+                at += lens[i];
+                &words[at - lens[i]..at]
+            });
+            let want = words[..at].iter().fold(0u64, |a, &b| a.wrapping_add(b));
+            assert_eq!(sum_streams(streams), want, "{lens:?}");
+        }
     }
 
     #[test]

@@ -523,6 +523,48 @@ pub fn exp_shifted_sum(row: &mut [f32], shift: f32) -> f32 {
     lanes.iter().sum::<f32>() + tail_sum
 }
 
+multiversioned! {
+    /// Each token's weight at a temperature, `weights[i] = e^((logits[i] - max) /
+    /// temperature)` with `max` the largest logit (NaN logits aside), and their sum: a
+    /// sampler's unnormalised probabilities. Exactly 1 for the tokens at `max` (also when
+    /// it is infinite, or the temperature subnormal); exactly 0 for a NaN logit, for
+    /// `-inf` (a token a grammar masked) and wherever the exponent is below -87 (where
+    /// [`exp`] clamps: no draw against a sum of at least 1 can land on such a token, and
+    /// a nonzero weight could make it one a draw past the sum's rounding falls to); else
+    /// [`exp`], within 2 ulp. The exponent is taken in f64, where neither the gap (up to
+    /// twice f32's largest) nor its quotient by a subnormal temperature overflows, and is
+    /// at most 0.
+    pub fn temperature_weights(logits: &[f32], max: f32, temperature: f32, weights: &mut [f32]) -> f32 {
+        assert_eq!(logits.len(), weights.len());
+        let inverse = 1.0 / f64::from(temperature);
+        let weight = |logit: f32| {
+            let x = (f64::from(logit) - f64::from(max)) * inverse;
+            if logit == max {
+                1.0
+            } else if x >= -87.0 {
+                exp(x as f32)
+            } else {
+                0.0
+            }
+        };
+        let mut lanes = [0.0f32; LANES];
+        let mut chunks = logits.chunks_exact(LANES).zip(weights.chunks_exact_mut(LANES));
+        for (logits, weights) in &mut chunks {
+            for ((lane, w), &logit) in lanes.iter_mut().zip(weights).zip(logits) {
+                *w = weight(logit);
+                *lane += *w;
+            }
+        }
+        let whole = logits.len() / LANES * LANES;
+        let mut sum = lanes.iter().sum::<f32>();
+        for (w, &logit) in weights[whole..].iter_mut().zip(&logits[whole..]) {
+            *w = weight(logit);
+            sum += *w;
+        }
+        sum
+    }
+}
+
 /// Streams [`sum_streams`] reads side by side.
 pub const STREAMS: usize = 8;
 

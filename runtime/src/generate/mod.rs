@@ -536,7 +536,10 @@ impl<B: KernelBackend> Generator<B> {
                 Ok(logits) => {
                     let rows = logits.chunks_exact(self.config.vocab_size);
                     for (&(i, _), row) in running.iter().zip(rows) {
-                        sequences[i].logits = row.to_vec();
+                        // Into the sequence's buffer: no allocation per token.
+                        let logits = &mut sequences[i].logits;
+                        logits.clear();
+                        logits.extend_from_slice(row);
                     }
                 }
                 Err(e) => {

@@ -5,6 +5,7 @@
 
 use std::collections::HashMap;
 
+use kernels::simd;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -204,35 +205,27 @@ fn walk(kept: impl Iterator<Item = (u32, f64)>, mut target: f64) -> u32 {
 struct Ranking<'a> {
     logits: &'a [f32],
     params: &'a SamplingParams,
-    /// `exp((logit - max) / temperature)` per token, as [`filtered`] computes it.
-    weights: Vec<f64>,
+    /// Each token's weight ([`weights`]).
+    weights: Vec<f32>,
     total: f64,
     /// The ids ranked so far: every token of weight at least `ranked_down_to`.
     ranked: Vec<u32>,
-    ranked_down_to: f64,
+    ranked_down_to: f32,
 }
 
 impl<'a> Ranking<'a> {
     /// Tiers of weight, each `TIER` times lighter than the last.
-    const TIER: f64 = 1.0 / 256.0;
+    const TIER: f32 = 1.0 / 256.0;
 
     fn new(logits: &'a [f32], params: &'a SamplingParams) -> Self {
-        let max = logits
-            .iter()
-            .map(|&l| rank_key(l))
-            .fold(f32::NEG_INFINITY, f32::max);
-        let temperature = f64::from(params.temperature);
-        let weights: Vec<f64> = (logits.iter())
-            .map(|&l| weight(l, max, temperature))
-            .collect();
-        let total = weights.iter().sum();
+        let (weights, total) = weights(logits, params.temperature);
         Self {
             logits,
             params,
             weights,
             total,
             ranked: Vec::new(),
-            ranked_down_to: f64::INFINITY,
+            ranked_down_to: f32::INFINITY,
         }
     }
 
@@ -243,7 +236,7 @@ impl<'a> Ranking<'a> {
             return false;
         }
         let high = self.ranked_down_to;
-        let low = if high == f64::INFINITY {
+        let low = if high == f32::INFINITY {
             Self::TIER
         } else if high < 1e-30 {
             0.0
@@ -251,7 +244,7 @@ impl<'a> Ranking<'a> {
             high * Self::TIER
         };
         let start = self.ranked.len();
-        let in_tier = |w: f64| w >= low && w < high;
+        let in_tier = |w: f32| w >= low && w < high;
         (self.ranked)
             .extend((0..self.weights.len() as u32).filter(|&i| in_tier(self.weights[i as usize])));
         let logits = self.logits;
@@ -271,19 +264,20 @@ impl<'a> Ranking<'a> {
     }
 
     fn probability(&self, id: u32) -> f64 {
-        self.weights[id as usize] / self.total
+        f64::from(self.weights[id as usize]) / self.total
     }
 
     /// The token the draw picks, as [`walk`] over [`filtered`] picks it.
     fn pick(mut self, draw: f64) -> u32 {
         let p = self.params;
         // min-p (and probability zero), as `kept_prefix`: how many tokens pass it and their
-        // probabilities' sum, in one pass in id order.
-        let floor = f64::from(p.min_p) * (1.0 / self.total);
-        let (above, above_total) = (self.weights.iter())
-            .map(|&w| w / self.total)
-            .filter(|&q| q >= floor && q > 0.0)
-            .fold((0, 0.0), |(n, sum), q| (n + 1, sum + q));
+        // probabilities' sum, in one pass in id order, compared and summed as weights (the
+        // largest is 1, so min-p's floor is `min_p` itself): no division per token.
+        let floor = p.min_p;
+        let (above, above_weight) = (self.weights.iter())
+            .filter(|&&w| w >= floor && w > 0.0)
+            .fold((0, 0.0f64), |(n, sum), &w| (n + 1, sum + f64::from(w)));
+        let above_total = above_weight / self.total;
         // top-p: the smallest ranked prefix reaching it, summed in rank order.
         let mut keep = above;
         let mut kept_total = above_total;
@@ -331,20 +325,12 @@ pub fn candidates(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f32)> {
 }
 
 /// [`candidates`] in f64, without the tokens whose probability is zero (which no draw can
-/// pick).
-///
-/// Computed as `exp((logit - max) / temperature)`, in f64: the difference is at most
-/// zero, so the weights lie in [0, 1] with the first exactly 1, and no temperature an f32
-/// can hold (subnormals included) or logit gap overflows. Dividing the logits first, in
-/// f32, is what made `temperature 1e-40` give `inf - inf`. Infinite logits (a repetition
-/// penalty can make them) are handled by the same rule: tokens equal to the maximum weigh
-/// 1, all others 0. A NaN logit counts as `-inf`.
+/// pick), the weights those of [`weights`].
 fn filtered(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
     let order = ranked(logits, params.top_k);
-    let max = rank_key(logits[order[0] as usize]);
-    let temperature = f64::from(params.temperature);
+    let (all, _) = weights(logits, params.temperature);
     let weights: Vec<f64> = (order.iter())
-        .map(|&id| weight(logits[id as usize], max, temperature))
+        .map(|&id| f64::from(all[id as usize]))
         .collect();
     let total: f64 = weights.iter().sum();
     let probs: Vec<f64> = weights.iter().map(|w| w / total).collect();
@@ -356,6 +342,25 @@ fn filtered(logits: &[f32], params: &SamplingParams) -> Vec<(u32, f64)> {
         .take(keep)
         .map(|(id, q)| (id, q / total))
         .collect()
+}
+
+/// Every token's weight at `temperature`, `exp((logit - max) / temperature)`, and their
+/// sum (at least 1): one vectorized pass, one exp per token ([`simd::temperature_weights`]).
+/// The difference is at most zero, so the weights lie in [0, 1] with the largest exactly
+/// 1, and no temperature an f32 can hold (subnormals included) or logit gap overflows
+/// (dividing the logits first is what made `temperature 1e-40` give `inf - inf`).
+/// Infinite logits (a repetition penalty can make them) follow the same rule: tokens equal
+/// to the maximum weigh 1, all others 0. A NaN logit, a masked one (`-inf`) and any whose
+/// weight would be below f32's normal range weigh 0.
+fn weights(logits: &[f32], temperature: f32) -> (Vec<f32>, f64) {
+    let max = simd::max(logits);
+    if max == f32::NEG_INFINITY {
+        // Every logit -inf or NaN: all tie at the maximum, as they rank.
+        return (vec![1.0; logits.len()], logits.len() as f64);
+    }
+    let mut weights = vec![0.0; logits.len()];
+    let total = simd::temperature_weights(logits, max, temperature, &mut weights);
+    (weights, f64::from(total))
 }
 
 /// Token ids by logit, most likely first, ties in id order (what a stable sort gives), cut
@@ -378,17 +383,6 @@ fn by_rank(logits: &[f32], a: u32, b: u32) -> std::cmp::Ordering {
     lb.partial_cmp(&la)
         .unwrap_or(std::cmp::Ordering::Equal)
         .then(a.cmp(&b))
-}
-
-/// A token's weight `exp((logit - max) / temperature)` in f64, exactly 1 for the maximum
-/// (see [`filtered`]).
-fn weight(logit: f32, max: f32, temperature: f64) -> f64 {
-    let logit = rank_key(logit);
-    if logit == max {
-        1.0
-    } else {
-        ((f64::from(logit) - f64::from(max)) / temperature).exp()
-    }
 }
 
 /// A logit as ranked and weighed: NaN (a broken model's output) as the least likely.
@@ -762,7 +756,10 @@ mod tests {
             order.truncate(p.top_k);
         }
         let max = scaled[order[0]];
-        let weights: Vec<f64> = order.iter().map(|&i| (scaled[i] - max).exp()).collect();
+        // As the sampler keeps its weights: in f32 (tokens whose weights round alike tie
+        // at min-p's and top-p's edges), and 0 where the exponent is below -87.
+        let weight = |x: f64| if x < -87.0 { 0.0 } else { x.exp() as f32 as f64 };
+        let weights: Vec<f64> = order.iter().map(|&i| weight(scaled[i] - max)).collect();
         let total: f64 = weights.iter().sum();
         let probs: Vec<f64> = weights.iter().map(|w| w / total).collect();
         let mut kept = 0;

@@ -61,7 +61,8 @@ test-tiers:
         echo "kernels at RUNTIME_CPU=$tier"
         RUNTIME_CPU=$tier cargo test --quiet --release -p kernels
     done
-    RUNTIME_CPU=avx2 REQUIRE_MODEL=1 cargo test --quiet --release -p runtime --test int8
+    # --workspace: the workspace's features, so nothing is built again for it.
+    RUNTIME_CPU=avx2 REQUIRE_MODEL=1 cargo test --quiet --release --workspace --test int8
 
 # Formatting, lints and the modules' layering (docs/ARCHITECTURE.md), as CI runs them
 lint:

@@ -86,6 +86,31 @@ fn invalid_option_values_are_refused() {
     }
 }
 
+/// A mistyped `RUNTIME_CPU` is one error naming it (not ignored, which would leave a
+/// bench's figures labelled with a tier that did not run); a known tier runs.
+#[test]
+fn an_unknown_cpu_tier_is_refused() {
+    let runtime_args = ["--prompt", "hi", "--artifacts", "/nonexistent"];
+    let bench_args = ["--artifacts", "/nonexistent"];
+    for (bin, args) in [
+        (env!("CARGO_BIN_EXE_runtime"), &runtime_args[..]),
+        (env!("CARGO_BIN_EXE_bench"), &bench_args[..]),
+    ] {
+        let out = Command::new(bin)
+            .args(args)
+            .env("RUNTIME_CPU", "avx3")
+            .output()
+            .unwrap();
+        assert_one_line_error(&out, "RUNTIME_CPU: unknown CPU tier `avx3`");
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_runtime"))
+        .args(["--prompt", "hi", "--artifacts", "/nonexistent"])
+        .env("RUNTIME_CPU", "avx2")
+        .output()
+        .unwrap();
+    assert_one_line_error(&out, "no manifest.json");
+}
+
 #[test]
 fn json_output_has_every_field() {
     let Some(dir) = artifact_dir() else { return };

@@ -107,6 +107,45 @@ fn products_match_the_definition_on(kernels: Kernels) {
     }
 }
 
+/// The two builds multiply the same integers: their products differ only by the order of
+/// f32 additions.
+#[test]
+fn the_builds_agree() {
+    if Kernels::runnable().len() < 2 {
+        eprintln!("skipped: this CPU runs one build of the int8 kernels");
+        return;
+    }
+    let mut next = uniform(0x51_7cc1_b727_220a);
+    for ty in TYPES {
+        for d_in in [576, 1536, 2048] {
+            if !runs(ty, d_in) {
+                continue;
+            }
+            let weight = blocks(ty, 4, d_in, 11);
+            let row_bytes = ty.row_bytes(d_in).unwrap();
+            let rows: Vec<&[u8]> = weight.chunks(row_bytes).collect();
+            let rows = [rows[0], rows[1], rows[2], rows[3]];
+            let xs: Vec<f32> = (0..d_in).map(|_| next() * 2.0).collect();
+            let products = |kernels| {
+                let inputs = Inputs::for_kernels(&xs, d_in, [ty], kernels);
+                let mut out = [0.0f32; 4];
+                four(ty, rows, &inputs, &mut |_, r, v| out[r] = v);
+                out
+            };
+            let (avx2, vnni) = (products(Kernels::Avx2), products(Kernels::Vnni));
+            for r in 0..4 {
+                let (_, size) = reference(ty, rows[r], &Inputs::new(&xs, d_in, [ty]), 0);
+                assert!(
+                    f64::from((avx2[r] - vnni[r]).abs()) <= 1e-6 * size,
+                    "{ty} d_in {d_in} row {r}: AVX2 {} vs VNNI {} (size {size})",
+                    avx2[r],
+                    vnni[r]
+                );
+            }
+        }
+    }
+}
+
 /// A vector's products are the same bits alone and in a batch of any size.
 #[test]
 fn batched_vectors_equal_each_alone() {

@@ -758,7 +758,13 @@ mod tests {
         let max = scaled[order[0]];
         // As the sampler keeps its weights: in f32 (tokens whose weights round alike tie
         // at min-p's and top-p's edges), and 0 where the exponent is below -87.
-        let weight = |x: f64| if x < -87.0 { 0.0 } else { x.exp() as f32 as f64 };
+        let weight = |x: f64| {
+            if x < -87.0 {
+                0.0
+            } else {
+                x.exp() as f32 as f64
+            }
+        };
         let weights: Vec<f64> = order.iter().map(|&i| weight(scaled[i] - max)).collect();
         let total: f64 = weights.iter().sum();
         let probs: Vec<f64> = weights.iter().map(|w| w / total).collect();

@@ -19,7 +19,7 @@
 //! (they scale the integer sums in another order), but a row's result depends only on that
 //! row and the weight: not on the rows beside it, their number, or the threads.
 
-use std::cell::{Cell, RefCell};
+use std::cell::{Cell, OnceCell, RefCell};
 use std::ops::Range;
 
 use rayon::prelude::*;
@@ -51,18 +51,58 @@ pub fn runs(ty: BlockType, d_in: usize) -> bool {
 /// # Panics
 /// Unless [`runs`]`(ty, d_in)` and `weight` is whole rows.
 pub fn linear_rows(x: &[f32], ty: BlockType, weight: &[u8], d_in: usize) -> Vec<f32> {
-    assert!(
-        runs(ty, d_in),
-        "no int8 prompt kernel for {ty} rows of {d_in} here"
-    );
-    let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
-    assert!(x.len().is_multiple_of(d_in) && weight.len().is_multiple_of(row_bytes));
-    let (rows, d_out) = (x.len() / d_in, weight.len() / row_bytes);
-    let mut out = vec![0.0f32; rows * d_out];
-    if rows == 0 || d_out == 0 {
-        return out;
+    Prompt::new(x, d_in).linear(ty, weight)
+}
+
+/// A prompt's rows (`x`, rows of `d_in`), rounded to 8-bit integers as the weights'
+/// types need them, once for all the weights that take the same rounding (q, k and v;
+/// gate and up).
+pub struct Prompt<'x> {
+    x: &'x [f32],
+    d_in: usize,
+    /// Per 32 values, per 256.
+    rounded: [OnceCell<Rounded>; 2],
+}
+
+impl<'x> Prompt<'x> {
+    pub fn new(x: &'x [f32], d_in: usize) -> Self {
+        assert!(d_in > 0 && x.len().is_multiple_of(d_in));
+        Prompt {
+            x,
+            d_in,
+            rounded: Default::default(),
+        }
     }
-    let x = Rounded::new(x, d_in, super::Format::of(ty).expect("an int8 type"));
+
+    /// The prompt times the weight whose rows are `ty` blocks in `weight`, as
+    /// [`linear_rows`].
+    ///
+    /// # Panics
+    /// Unless [`runs`]`(ty, d_in)` and `weight` is whole rows.
+    pub fn linear(&self, ty: BlockType, weight: &[u8]) -> Vec<f32> {
+        let d_in = self.d_in;
+        assert!(
+            runs(ty, d_in),
+            "no int8 prompt kernel for {ty} rows of {d_in} here"
+        );
+        let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
+        assert!(weight.len().is_multiple_of(row_bytes));
+        let (rows, d_out) = (self.x.len() / d_in, weight.len() / row_bytes);
+        if rows == 0 || d_out == 0 {
+            return vec![0.0; rows * d_out];
+        }
+        let format = Format::of(ty).expect("an int8 type");
+        let x = self.rounded[format as usize].get_or_init(|| Rounded::new(self.x, d_in, format));
+        products(x, &Terms::new(x, ty), ty, weight, d_in)
+    }
+}
+
+/// See [`Prompt::linear`]: `x` rounded for `ty`, `terms` its groups' terms.
+fn products(x: &Rounded, terms: &Terms, ty: BlockType, weight: &[u8], d_in: usize) -> Vec<f32> {
+    let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
+    let (rows, d_out) = (x.real, weight.len() / row_bytes);
+    // Every value is stored by a last step's tile before `set_len` below.
+    let mut out: Vec<f32> = Vec::with_capacity(rows * d_out);
     let groups = d_out.div_ceil(GROUP);
     let out_ptr = OutPtr(out.as_mut_ptr());
     (0..groups).into_par_iter().for_each(|group| {
@@ -73,12 +113,17 @@ pub fn linear_rows(x: &[f32], ty: BlockType, weight: &[u8], d_in: usize) -> Vec<
         let mut packed: Vec<Box<Packed>> = panels.iter().map(|_| Packed::new()).collect();
         // The group's outputs, summed here (rows GROUP apart, in cache) rather than in
         // `out`, whose rows lie d_out apart: a page per row, and a TLB miss per tile row.
+        // The last step's tiles store their totals in `out`, where the stores' misses
+        // overlap the products (a copy afterwards waited on each row's).
+        // The first step's tiles start from zero, not from these (left from the last group).
         let mut sums = SUMS.take();
-        sums.clear();
-        sums.resize(x.rows * GROUP, 0.0);
+        if sums.len() < x.rows * GROUP {
+            sums.resize(x.rows * GROUP, 0.0);
+        }
         // A step's blocks: one K-quant block, or up to eight of 32 values.
         let step_bytes = QK / ty.values() * ty.bytes();
-        for step in 0..d_in.div_ceil(QK) {
+        let steps = d_in.div_ceil(QK);
+        for step in 0..steps {
             let bytes = step * step_bytes..((step + 1) * step_bytes).min(row_bytes);
             for (panel, packed) in panels.iter().zip(&mut packed) {
                 packed.fill(
@@ -88,46 +133,57 @@ pub fn linear_rows(x: &[f32], ty: BlockType, weight: &[u8], d_in: usize) -> Vec<
                         .map(|j| &weight[j * row_bytes..][bytes.clone()]),
                 );
             }
+            if step + 1 < steps {
+                // The next step's blocks, fetched while this step's tiles run (rows
+                // row_bytes apart are too far apart for the hardware to guess).
+                let next = (step + 1) * step_bytes..((step + 2) * step_bytes).min(row_bytes);
+                for j in columns.clone() {
+                    prefetch(&weight[j * row_bytes..][next.clone()]);
+                }
+            }
             for tile in (0..rows).step_by(MR) {
                 let valid = MR.min(rows - tile);
                 for (p, (panel, packed)) in panels.iter().zip(&packed).enumerate() {
                     let at = tile * GROUP + p * NR;
-                    // SAFETY: `runs` checked the CPU; `sums` holds the tile's rows.
-                    unsafe {
-                        let sums = sums[at..].as_mut_ptr();
-                        x.tile(ty, packed, step, tile, sums, GROUP, (valid, panel.len()));
-                    }
+                    let from = sums[at..].as_mut_ptr();
+                    let to = if step + 1 == steps {
+                        (out_ptr.at(tile * d_out + panel.start), d_out)
+                    } else {
+                        (from, GROUP)
+                    };
+                    let from = if step == 0 { std::ptr::null() } else { from };
+                    let sums = Accumulate {
+                        from: (from, GROUP),
+                        to,
+                    };
+                    // SAFETY: `runs` checked the CPU; `sums` holds the tile's rows, and the
+                    // panel's columns of out's rows belong to this task alone.
+                    unsafe { x.tile(terms, ty, packed, step, tile, sums, (valid, panel.len())) };
                 }
-            }
-        }
-        for (row, sums) in sums.chunks_exact(GROUP).take(rows).enumerate() {
-            // SAFETY: the group's columns of out's rows belong to this task alone.
-            unsafe {
-                let out = out_ptr.at(row * d_out + columns.start);
-                std::ptr::copy_nonoverlapping(sums.as_ptr(), out, columns.len());
             }
         }
         SUMS.set(sums);
     });
+    // SAFETY: the groups' last steps stored every row's every column (the panels cover
+    // the columns, the tiles the rows).
+    unsafe { out.set_len(rows * d_out) };
     out
 }
 
-/// A prompt rounded as a weight type needs it, grouped by step: step `s` (inputs
+/// A prompt rounded per 32 or per 256 values, grouped by step: step `s` (inputs
 /// `256 s..`) of every row together, rows padded with zeros to a whole number of tiles and
 /// to a whole number of steps.
 struct Rounded {
-    /// Rows, padded to a multiple of MR.
+    /// Rows, and rows padded to a multiple of MR.
+    real: usize,
     rows: usize,
-    /// Per 32 values or per 256.
     format: Format,
     /// The integers: `[step][row][256]`.
     q: Vec<i8>,
     /// Each row's scales: `[step][row][8]` (per 32) or `[step][row]` (per 256).
     d: Vec<f32>,
-    /// Sums of each group of 16 integers: `[step][row][16]`.
+    /// Sums of each 16 integers: `[step][row][16]`.
     sums16: Vec<i32>,
-    /// Sums of each group of 32: `[step][row][8]`.
-    sums32: Vec<i32>,
 }
 
 impl Rounded {
@@ -138,19 +194,14 @@ impl Rounded {
             Format::Blocks32 => QK / 32,
             Format::Blocks256 => 1,
         };
-        let mut r = Rounded {
-            rows,
-            format,
-            q: vec![0; steps * rows * QK],
-            d: vec![0.0; steps * rows * scales],
-            sums16: vec![0; steps * rows * 16],
-            sums32: vec![0; steps * rows * 8],
-        };
-        (r.q.par_chunks_mut(QK))
-            .zip(r.d.par_chunks_mut(scales))
-            .zip(r.sums16.par_chunks_mut(16).zip(r.sums32.par_chunks_mut(8)))
+        let mut q = vec![0; steps * rows * QK];
+        let mut d = vec![0.0; steps * rows * scales];
+        let mut sums16 = vec![0; steps * rows * 16];
+        (q.par_chunks_mut(QK))
+            .zip(d.par_chunks_mut(scales))
+            .zip(sums16.par_chunks_mut(16))
             .enumerate()
-            .for_each(|(i, ((q, d), (sums16, sums32)))| {
+            .for_each(|(i, ((q, d), sums16))| {
                 let (step, row) = (i / rows, i % rows);
                 if row >= real {
                     return;
@@ -167,38 +218,44 @@ impl Rounded {
                 for (sum, q) in sums16.iter_mut().zip(q.chunks_exact(16)) {
                     *sum = q.iter().map(|&q| i32::from(q)).sum();
                 }
-                for (g, sum) in sums32.iter_mut().enumerate() {
-                    *sum = sums16[2 * g] + sums16[2 * g + 1];
-                }
             });
-        r
+        Rounded {
+            real,
+            rows,
+            format,
+            q,
+            d,
+            sums16,
+        }
     }
 
     /// Adds the products of rows `tile..tile + MR` over step `step` with the weight rows
-    /// packed in `packed` to `out` (rows `stride` apart), for the first `valid` rows and `n`
-    /// columns.
+    /// packed in `packed` to `sums`, for the first `valid` rows and `n` columns.
     ///
     /// # Safety
-    /// [`super::runs`] for `ty`; `out` points at `valid` rows of at least `n` values, `stride`
-    /// apart, that nothing else touches meanwhile.
+    /// [`super::runs`] for `ty`; `sums` as [`Accumulate`] says, for `valid` rows of `n`
+    /// values.
     #[allow(clippy::too_many_arguments)]
     unsafe fn tile(
         &self,
+        terms: &Terms,
         ty: BlockType,
         packed: &Packed,
         step: usize,
         tile: usize,
-        out: *mut f32,
-        stride: usize,
+        sums: Accumulate,
         (valid, n): (usize, usize),
     ) {
         assert!(tile + MR <= self.rows && valid <= MR && n <= NR);
         let at = step * self.rows + tile;
         let x = &self.q[at * QK..][..MR * QK];
-        let (sums16, sums32) = (
-            &self.sums16[at * 16..][..MR * 16],
-            &self.sums32[at * 8..][..MR * 8],
-        );
+        let (group, _) = groups(ty);
+        let span = at * (QK / group)..(at + MR) * (QK / group);
+        let terms = if terms.starts.is_empty() {
+            (&[][..], &terms.sums[span])
+        } else {
+            (&terms.starts[span], &[][..])
+        };
         let d = match self.format {
             Format::Blocks32 => &self.d[at * 8..][..MR * 8],
             Format::Blocks256 => &self.d[at..][..MR],
@@ -209,14 +266,68 @@ impl Rounded {
         unsafe {
             use avx512::tile as run;
             match ty {
-                BlockType::Q8_0 => run::<8, 128, true>(packed, x, sums32, d, out, stride, shape),
-                BlockType::Q4_0 => run::<8, 8, true>(packed, x, sums32, d, out, stride, shape),
-                BlockType::Q4K => run::<8, 0, false>(packed, x, sums32, d, out, stride, shape),
-                BlockType::Q6K => run::<4, 32, false>(packed, x, sums16, d, out, stride, shape),
+                BlockType::Q8_0 => run::<8, 128, true>(packed, x, terms, d, sums, shape),
+                BlockType::Q4_0 => run::<8, 8, true>(packed, x, terms, d, sums, shape),
+                BlockType::Q4K => run::<8, 0, false>(packed, x, terms, d, sums, shape),
+                BlockType::Q6K => run::<4, 32, false>(packed, x, terms, d, sums, shape),
                 other => unreachable!("no int8 kernel for {other}"),
             }
         }
     }
+}
+
+/// What each group of a weight type's inputs (16 or 32) adds through its sum of integers
+/// `s`, ready for the kernel to broadcast from memory: `[step][row][group]`. Where the codes
+/// are offset by `c` (Q8_0, Q4_0, Q6_K), the group's dot product starts at `-c s`
+/// (`starts`); Q4_K, whose offsets are floats, takes `s` as an f32 (`sums`, exact).
+struct Terms {
+    starts: Vec<i32>,
+    sums: Vec<f32>,
+}
+
+impl Terms {
+    fn new(x: &Rounded, ty: BlockType) -> Self {
+        let (group, offset) = groups(ty);
+        let sums = x
+            .sums16
+            .chunks_exact(group / 16)
+            .map(|s| s.iter().sum::<i32>());
+        if offset == 0 {
+            let sums = sums.map(|s| s as f32).collect();
+            Terms {
+                starts: Vec::new(),
+                sums,
+            }
+        } else {
+            let starts = sums.map(|s| -offset * s).collect();
+            Terms {
+                starts,
+                sums: Vec::new(),
+            }
+        }
+    }
+}
+
+/// A weight type's groups, as the kernel takes them: the inputs per scale (16 for Q6_K, 32
+/// for the others) and the offset `c` of its unsigned codes (`scale * (code - c)`; 0 for
+/// Q4_K, whose offsets are separate floats).
+fn groups(ty: BlockType) -> (usize, i32) {
+    match ty {
+        BlockType::Q8_0 => (32, 128),
+        BlockType::Q4_0 => (32, 8),
+        BlockType::Q4K => (32, 0),
+        BlockType::Q6K => (16, 32),
+        other => unreachable!("no int8 kernel for {other}"),
+    }
+}
+
+/// Where a tile's sums so far are (null: none yet, the first step) and where its new sums
+/// go, each as its first row and the distance between rows: the same place, or the output
+/// for the last step.
+#[derive(Clone, Copy)]
+struct Accumulate {
+    from: (*const f32, usize),
+    to: (*mut f32, usize),
 }
 
 /// Sixteen weight rows' step of 256 inputs, unpacked for the kernel.
@@ -244,12 +355,15 @@ impl Packed {
     /// rows; rows and groups past them: zeros.
     fn fill<'w>(&mut self, ty: BlockType, steps: impl Iterator<Item = &'w [u8]>) {
         ROWS.with_borrow_mut(|codes| {
-            codes.fill(0);
             self.scales.fill(0.0);
             self.offsets.fill(0.0);
             let half = |b: &[u8], i: usize| half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32();
+            let mut rows = 0;
             for (j, step) in steps.enumerate() {
+                rows = j + 1;
                 let codes = &mut codes[j * QK..][..QK];
+                // Past a short step's blocks (the end of a row not a multiple of 256).
+                codes[step.len() / ty.bytes() * ty.values()..].fill(0);
                 match ty {
                     BlockType::Q4K => {
                         let (d, dmin) = (half(step, 0), half(step, 2));
@@ -277,12 +391,24 @@ impl Packed {
                     avx512::codes(ty, step, codes)
                 };
             }
+            // Past the weight's last row.
+            codes[rows * QK..].fill(0);
             #[cfg(target_arch = "x86_64")]
             // SAFETY: as above.
             unsafe {
                 avx512::transpose(codes, &mut self.codes)
             };
         });
+    }
+}
+
+/// Asks for `bytes` to be brought into the cache (L2): a hint, done when convenient.
+fn prefetch(bytes: &[u8]) {
+    #[cfg(target_arch = "x86_64")]
+    for line in bytes.chunks(64) {
+        use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
+        // SAFETY: a prefetch only hints; it reads nothing and never faults.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
     }
 }
 
@@ -313,7 +439,7 @@ thread_local! {
 mod avx512 {
     use std::arch::x86_64::*;
 
-    use super::{MR, NR, Packed, QK};
+    use super::{Accumulate, MR, NR, Packed, QK};
     use crate::quant::BlockType;
     use crate::simd::avx512::transpose as transpose16;
 
@@ -419,23 +545,24 @@ mod avx512 {
     /// codes' offset (`-C` times a group's sum of inputs starts its dot product; 0 for Q4_K,
     /// whose float offsets are taken off instead); `PER_GROUP`: the inputs' scales are per
     /// group (`d[row][group]`), not per step (`d[row]`). `x` holds the tile's MR rows of 256
-    /// integers, `sums` their groups' sums.
+    /// integers; `starts` (if `C` is not 0) or `totals` (if it is) their groups' terms (see
+    /// `Rounded`), each broadcast from memory by the instruction that uses it.
     ///
     /// # Safety
-    /// AVX-512F, BW, VNNI and FMA present; `out` as `Rounded::tile` says.
+    /// AVX-512F, BW, VNNI and FMA present; `sums` as `Rounded::tile` says.
     #[target_feature(enable = "avx512f,avx512bw,avx512vnni,fma")]
     pub(super) unsafe fn tile<const G: usize, const C: i32, const PER_GROUP: bool>(
         packed: &Packed,
         x: &[i8],
-        sums: &[i32],
+        (starts, totals): (&[i32], &[f32]),
         d: &[f32],
-        out: *mut f32,
-        stride: usize,
+        sums: Accumulate,
         (valid, n): (usize, usize),
     ) {
         let groups = QK / 4 / G;
         let scales = if PER_GROUP { groups } else { 1 };
-        assert!(x.len() >= MR * QK && sums.len() >= MR * groups && d.len() >= MR * scales);
+        let terms = if C == 0 { totals.len() } else { starts.len() };
+        assert!(x.len() >= MR * QK && terms >= MR * groups && d.len() >= MR * scales);
         let mask: __mmask16 = if n >= NR { !0 } else { (1u16 << n) - 1 };
         // SAFETY (whole body): the asserts and the caller's promises keep every read inside
         // the slices and every write inside out's tile.
@@ -448,7 +575,7 @@ mod avx512 {
                     if C == 0 {
                         _mm512_setzero_si512()
                     } else {
-                        _mm512_set1_epi32(-C * *sums.get_unchecked(r * groups + g))
+                        _mm512_set1_epi32(*starts.get_unchecked(r * groups + g))
                     }
                 });
                 for k in g * G..(g + 1) * G {
@@ -468,20 +595,24 @@ mod avx512 {
                     };
                     block[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots[r]), scale, block[r]);
                     if C == 0 {
-                        let sum = *sums.get_unchecked(r * groups + g) as f32;
-                        block[r] = _mm512_fnmadd_ps(offset, _mm512_set1_ps(sum), block[r]);
+                        let sum = _mm512_set1_ps(*totals.get_unchecked(r * groups + g));
+                        block[r] = _mm512_fnmadd_ps(offset, sum, block[r]);
                     }
                 }
             }
+            let (from, to) = (sums.from, sums.to);
             for (r, block) in block.iter().enumerate().take(valid) {
-                let out = out.add(r * stride);
-                let acc = _mm512_maskz_loadu_ps(mask, out);
+                let acc = if from.0.is_null() {
+                    _mm512_setzero_ps()
+                } else {
+                    _mm512_maskz_loadu_ps(mask, from.0.add(r * from.1))
+                };
                 let acc = if PER_GROUP {
                     _mm512_add_ps(acc, *block)
                 } else {
                     _mm512_fmadd_ps(*block, _mm512_set1_ps(d[r]), acc)
                 };
-                _mm512_mask_storeu_ps(out, mask, acc);
+                _mm512_mask_storeu_ps(to.0.add(r * to.1), mask, acc);
             }
         }
     }

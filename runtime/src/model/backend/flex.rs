@@ -361,12 +361,14 @@ impl KernelBackend for FlexBackend {
             let outs: Vec<Vec<f32>> = if batch * seq <= MATVEC_ROWS {
                 matvec::matvecs(&rows, x, d_in, matmul)
             } else {
+                // Rounded once for the weights that take the same rounding (q, k, v).
+                let prompt = int8::rows::Prompt::new(x, d_in);
                 rows.iter()
                     .map(|&w| match w {
                         Rows::Blocks(ty, blocks)
                             if matmul.rounds_inputs() && int8::rows::runs(ty, d_in) =>
                         {
-                            int8::rows::linear_rows(x, ty, blocks, d_in)
+                            prompt.linear(ty, blocks)
                         }
                         w => linear::linear_rows(x, w, d_in),
                     })

@@ -135,9 +135,9 @@ pub fn cpu_features() -> Vec<String> {
 /// with those target features; a closure would not be (LLVM declines to inline a large
 /// one), which silently leaves the loops at 4-wide SSE.
 macro_rules! multiversioned {
-    ($(#[$meta:meta])* pub fn $name:ident $(<$t:ident: $bound:ident>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
+    ($(#[$meta:meta])* $vis:vis fn $name:ident $(<$t:ident: $bound:ident>)? ($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$meta])*
-        pub fn $name $(<$t: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
+        $vis fn $name $(<$t: $bound>)? ($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
             fn portable $(<$t: $bound>)? ($($arg: $ty),*) $(-> $ret)? $body
 

@@ -25,7 +25,7 @@ use std::ops::Range;
 use rayon::prelude::*;
 
 use super::Format;
-use crate::cpu::{self, Tier};
+use crate::cpu::{self, Tier, multiversioned};
 use crate::quant::{BlockType, scale_min_k4};
 
 /// Weight rows per panel: one register of `i32` lanes.
@@ -133,13 +133,18 @@ fn products(x: &Rounded, terms: &Terms, ty: BlockType, weight: &[u8], d_in: usiz
                         .map(|j| &weight[j * row_bytes..][bytes.clone()]),
                 );
             }
-            if step + 1 < steps {
-                // The next step's blocks, fetched while this step's tiles run (rows
-                // row_bytes apart are too far apart for the hardware to guess).
-                let next = (step + 1) * step_bytes..((step + 2) * step_bytes).min(row_bytes);
-                for j in columns.clone() {
-                    prefetch(&weight[j * row_bytes..][next.clone()]);
-                }
+            // The next step's blocks, fetched while this step's tiles run (rows row_bytes
+            // apart are too far apart for the hardware to guess); after the last step, the
+            // first of the next group's, which this thread most often takes next (rayon
+            // splits the groups into contiguous ranges).
+            let (next_step, next_columns) = if step + 1 < steps {
+                (step + 1, columns.clone())
+            } else {
+                (0, columns.end..(columns.end + GROUP).min(d_out))
+            };
+            let next = next_step * step_bytes..((next_step + 1) * step_bytes).min(row_bytes);
+            for j in next_columns {
+                prefetch(&weight[j * row_bytes..][next.clone()]);
             }
             for tile in (0..rows).step_by(MR) {
                 let valid = MR.min(rows - tile);
@@ -215,9 +220,7 @@ impl Rounded {
                 for (d, (x, q)) in d.iter_mut().zip(chunks) {
                     *d = super::round_block(x, q);
                 }
-                for (sum, q) in sums16.iter_mut().zip(q.chunks_exact(16)) {
-                    *sum = q.iter().map(|&q| i32::from(q)).sum();
-                }
+                sums_of_16(q, sums16);
             });
         Rounded {
             real,
@@ -272,6 +275,15 @@ impl Rounded {
                 BlockType::Q6K => run::<4, 32, false>(packed, x, terms, d, sums, shape),
                 other => unreachable!("no int8 kernel for {other}"),
             }
+        }
+    }
+}
+
+multiversioned! {
+    /// Each 16 integers' sum: `sums[k]` of `q[16 k..16 k + 16]`.
+    fn sums_of_16(q: &[i8], sums: &mut [i32]) {
+        for (sum, q) in sums.iter_mut().zip(q.chunks_exact(16)) {
+            *sum = q.iter().map(|&q| i32::from(q)).sum();
         }
     }
 }

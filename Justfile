@@ -178,12 +178,18 @@ bench-1b *args: build llamacpp-venv
     bench --artifacts "$dir/q4_k_m" --matmul int8 --streams 1,8 --gguf "$dir/gguf/q4_k_m.gguf"
 
 # Batched decoding (what `runtime serve --parallel` runs) beside llama.cpp's on the BF16 and
-# F32 GGUFs: just bench-serving --runs 3 (after `just bench-llamacpp` has made them)
+# F32 GGUFs, greedy and sampled, and the server under 1 and 8 clients over HTTP:
+# just bench-serving --runs 3 (after `just bench-llamacpp` has made the GGUFs)
 bench-serving *args: build
     {{bin}}/bench --backends flex --streams 1,2,4,8 --python target/llamacpp/venv/bin/python \
         --gguf target/llamacpp/bf16.gguf,target/llamacpp/f32.gguf {{args}}
+    # Sampled as chat clients sample by default (llama.cpp with llama-server's chain).
+    {{bin}}/bench --backends flex --streams 1,8 --temperature 0.8 \
+        --python target/llamacpp/venv/bin/python --gguf target/llamacpp/bf16.gguf {{args}}
     # The same streams each under a JSON Schema's grammar: what constrained decoding costs.
     {{bin}}/bench --backends flex --streams 1,8 --json-schema scripts/bench-schema.json {{args}}
+    # Over HTTP: 1 and 8 clients, greedy and at temperature 0.8, alternated.
+    python3 scripts/serve_throughput.py {{bin}}/runtime {{out_dir}}
 
 # Fuzz one parser (gguf, safetensors, config, manifest) for `seconds`; see fuzz/README.md
 fuzz target seconds="300":

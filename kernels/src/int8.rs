@@ -45,12 +45,22 @@ pub enum Matmul {
     /// As [`Matmul::Auto`]; a program that is asked for it by name says when it changes
     /// nothing (no kernel on this CPU, no weight kept as blocks).
     Int8,
+    /// As [`Matmul::Auto`], and products over bf16 weights take the inputs rounded to bf16,
+    /// two products a lane per `vdpbf16ps`, as llama.cpp's BF16 path (see
+    /// [`crate::dpbf16`]), where the CPU has AVX512_BF16.
+    Bf16,
 }
 
 impl Matmul {
     /// Whether products over blocks take the inputs rounded to integers (where [`runs`]).
     pub fn rounds_inputs(self) -> bool {
-        matches!(self, Matmul::Auto | Matmul::Int8)
+        matches!(self, Matmul::Auto | Matmul::Int8 | Matmul::Bf16)
+    }
+
+    /// Whether products over bf16 weights take the inputs rounded to bf16 (where
+    /// [`crate::dpbf16::runs`]).
+    pub fn rounds_to_bf16(self) -> bool {
+        self == Matmul::Bf16
     }
 }
 
@@ -60,6 +70,7 @@ impl std::fmt::Display for Matmul {
             Matmul::Auto => "auto",
             Matmul::Exact => "exact",
             Matmul::Int8 => "int8",
+            Matmul::Bf16 => "bf16",
         })
     }
 }
@@ -72,8 +83,9 @@ impl std::str::FromStr for Matmul {
             "auto" => Ok(Matmul::Auto),
             "exact" => Ok(Matmul::Exact),
             "int8" => Ok(Matmul::Int8),
+            "bf16" => Ok(Matmul::Bf16),
             other => Err(format!(
-                "unknown matmul `{other}` (expected auto, exact or int8)"
+                "unknown matmul `{other}` (expected auto, exact, int8 or bf16)"
             )),
         }
     }

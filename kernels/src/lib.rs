@@ -14,6 +14,8 @@
 //! - [`bundles`]: matrix-vector products four rows at a time, for a batch of vectors.
 //! - [`int8`]: those products with the inputs rounded to 8-bit integers (the default
 //!   for blocks).
+//! - [`dpbf16`]: products over bf16 weights with the inputs rounded to bf16
+//!   (`vdpbf16ps`, as llama.cpp's BF16 path; asked for by name).
 //! - [`matvec`]: matrix-vector products split across threads with work stealing.
 //! - [`panels`]: products of many rows (a prompt) reading the weight in cache-sized panels.
 //! - [`linear`]: products of many rows with a weight: [`panels`] on AVX-512, else gemm.
@@ -29,6 +31,7 @@ pub mod team;
 pub mod block_products;
 pub mod bundles;
 pub mod int8;
+pub mod dpbf16;
 pub mod matvec;
 pub mod panels;
 pub mod linear;

@@ -20,7 +20,7 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use crate::int8::{self, Inputs, Matmul};
 use crate::quant::BlockType;
-use crate::{bundles, team};
+use crate::{bundles, dpbf16, team};
 
 /// Below this many output rows per thread, splitting a product costs more than it saves.
 const MIN_ROWS_PER_THREAD: usize = 64;
@@ -77,16 +77,19 @@ impl<'a> Rows<'a> {
     fn bundles(
         self,
         xs: &[f32],
-        inputs: Option<&Inputs>,
+        rounded: Rounded<'_>,
         d_in: usize,
         out: &[AtomicU32],
         stride: usize,
         bundles: Range<usize>,
     ) {
-        if let (Rows::Blocks(ty, rows), Some(inputs)) = (self, inputs)
+        if let (Rows::Blocks(ty, rows), Some(inputs)) = (self, rounded.int8)
             && self.takes_int8(d_in)
         {
             return int8::bundles(ty, rows, inputs, out, stride, bundles);
+        }
+        if let (Rows::Bf16(rows), Some(xs)) = (self, rounded.bf16) {
+            return dpbf16::bundles(rows, xs, d_in, out, stride, bundles);
         }
         match self {
             Rows::F32(rows) => bundles::matvec_bundles(rows, xs, d_in, out, stride, bundles),
@@ -103,7 +106,8 @@ impl<'a> Rows<'a> {
 /// threads in one parallel region (one hand-off for q, k and v together). Each weight is
 /// read once for all the vectors (a batch of decoded tokens), and a vector's products are
 /// the same, bit for bit, whatever else is in `xs`. Unless [`Matmul::Exact`], products over
-/// blocks that have an int8 kernel take `xs` rounded to integers, once for all of them.
+/// blocks that have an int8 kernel take `xs` rounded to integers, once for all of them;
+/// with [`Matmul::Bf16`], products over bf16 weights take them rounded to bf16.
 pub fn matvecs(weights: &[Rows<'_>], xs: &[f32], d_in: usize, matmul: Matmul) -> Vec<Vec<f32>> {
     let threads = rayon::current_num_threads();
     let n = xs.len() / d_in;
@@ -114,7 +118,12 @@ pub fn matvecs(weights: &[Rows<'_>], xs: &[f32], d_in: usize, matmul: Matmul) ->
     let inputs = matmul
         .rounds_inputs()
         .then(|| Inputs::new(xs, d_in, int8_types));
-    let inputs = inputs.as_ref();
+    let has_bf16 = weights.iter().any(|rows| matches!(rows, Rows::Bf16(_)));
+    let bf16 = (matmul.rounds_to_bf16() && has_bf16 && dpbf16::runs()).then(|| dpbf16::round(xs));
+    let inputs = Rounded {
+        int8: inputs.as_ref(),
+        bf16: bf16.as_deref(),
+    };
     // Whichever thread computes a row stores it, so the outputs are atomics; a relaxed
     // store is a plain store on x86, and the region's end orders them before the reads.
     let d_outs: Vec<usize> = weights.iter().map(|rows| rows.len() / d_in).collect();
@@ -161,6 +170,14 @@ pub fn matvecs(weights: &[Rows<'_>], xs: &[f32], d_in: usize, matmul: Matmul) ->
         .collect()
 }
 
+/// The vectors rounded as some of the weights' products take them: to 8-bit integers per
+/// block (for blocks), to bf16 (for bf16 weights, with [`Matmul::Bf16`]).
+#[derive(Clone, Copy)]
+struct Rounded<'a> {
+    int8: Option<&'a Inputs>,
+    bf16: Option<&'a [half::bf16]>,
+}
+
 /// One thread's rows of one product, in the bundles `bundles::matvec_bundles` counts, claimed from
 /// the front by the owner and from the back by a thread with nothing left of its own.
 struct Share<'a> {
@@ -188,7 +205,7 @@ impl<'a> Share<'a> {
 
     /// Computes `bundles` of the share's rows for every vector of `xs` (or of `inputs`, its
     /// vectors rounded, where the rows take those).
-    fn run(&self, xs: &[f32], inputs: Option<&Inputs>, d_in: usize, bundles: Range<usize>) {
+    fn run(&self, xs: &[f32], inputs: Rounded<'_>, d_in: usize, bundles: Range<usize>) {
         (self.rows).bundles(xs, inputs, d_in, self.out, self.stride, bundles);
     }
 

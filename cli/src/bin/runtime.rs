@@ -80,7 +80,9 @@ struct CommonArgs {
     /// integers and multiplied as integers, as llama.cpp does, on any x86-64 with AVX2; else
     /// exact), int8 (the same, with a note when it changes nothing) or exact (as f32: the
     /// products of the decoded weights, to the bit; decoding 3.4x slower on Q4_K_M).
-    /// f32 and bf16 weights are always exact.
+    /// f32 and bf16 weights are exact, unless bf16 (as auto, and products over bf16
+    /// weights take the inputs rounded to bf16, two a lane per `vdpbf16ps`, as llama.cpp's
+    /// BF16 path; on CPUs with AVX512_BF16, else exact).
     #[arg(long, default_value = "auto")]
     matmul: Matmul,
     /// Print one JSON object instead of text.
@@ -441,6 +443,15 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
         } else if generator.kept.blocks == 0 {
             eprintln!(
                 "note: --matmul int8 changes nothing here: no weight is kept as blocks (see --weights)"
+            );
+        }
+    }
+    if common.matmul == Matmul::Bf16 {
+        if !kernels::dpbf16::runs() {
+            eprintln!("note: this CPU has no AVX512_BF16: --matmul bf16 runs the exact products");
+        } else if generator.kept.bf16 == 0 {
+            eprintln!(
+                "note: --matmul bf16 rounds nothing here: no weight is kept as bf16 (see --weights)"
             );
         }
     }

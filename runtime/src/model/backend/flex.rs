@@ -20,7 +20,7 @@ use kernels::quant::BlockType;
 use kernels::simd;
 use kernels::stored::Stored;
 use kernels::team;
-use kernels::{int8, linear};
+use kernels::{dpbf16, int8, linear};
 use rayon::prelude::*;
 
 use super::{KernelBackend, KvBuffers, KvDtype, LayerTensors, reference, take};
@@ -369,6 +369,9 @@ impl KernelBackend for FlexBackend {
                             if matmul.rounds_inputs() && int8::rows::runs(ty, d_in) =>
                         {
                             prompt.linear(ty, blocks)
+                        }
+                        Rows::Bf16(weight) if matmul.rounds_to_bf16() && dpbf16::runs() => {
+                            dpbf16::linear_rows(x, weight, d_in)
                         }
                         w => linear::linear_rows(x, w, d_in),
                     })

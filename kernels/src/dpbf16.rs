@@ -1,0 +1,453 @@
+//! Products over bf16 weights with the inputs rounded to bf16 (ties to even) and each two
+//! products summed by one `vdpbf16ps` lane, as llama.cpp multiplies BF16 weights: what
+//! [`Matmul::Bf16`](crate::int8::Matmul::Bf16) asks for, on CPUs with AVX512_BF16.
+//!
+//! Why: an exact product widens each bf16 weight to f32 first (two instructions per
+//! sixteen values besides the FMA), and an f32 FMA does sixteen multiply-adds where a
+//! `vdpbf16ps` does 32. Where 512-bit operations take two cycles (AMD Zen 4), that is what
+//! bounds decoding and prompts; on Intel's Sapphire Rapids `vdpbf16ps` runs at half the FMA
+//! rate, so it buys little there. Not exact: each input loses its low 16 bits (a relative
+//! error up to 2^-9), as llama.cpp's BF16 path does; a row's result depends only on that
+//! row and the weight, not on the batch, the prompt's length or the threads.
+//!
+//! Decoding: four rows at a time (a [`crate::bundles`] bundle), each vector in turn.
+//! Prompts: as [`crate::int8::rows`], a panel of sixteen weight rows laid out as the
+//! instruction reads them (lane `j` holds a pair of row `j`'s values) and fourteen prompt
+//! rows passing over it, each broadcasting a pair per instruction.
+
+use std::ops::Range;
+use std::sync::atomic::AtomicU32;
+
+use half::bf16;
+use rayon::prelude::*;
+
+use crate::cpu::{self, Tier};
+
+/// Prompt rows per tile: fourteen registers of sums beside the panel's.
+const MR: usize = 14;
+/// Weight rows per panel: one register of f32 lanes.
+const NR: usize = 16;
+/// Weight rows (output columns) per task: four panels, which a tile of the prompt passes
+/// over in turn while it is in cache.
+const GROUP: usize = 4 * NR;
+
+/// Whether this CPU has `vdpbf16ps` (and the kernels' AVX-512 tier: `RUNTIME_CPU` below it
+/// turns these off too).
+pub fn runs() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::sync::OnceLock;
+        static BF16: OnceLock<bool> = OnceLock::new();
+        *BF16.get_or_init(|| std::is_x86_feature_detected!("avx512bf16"))
+            && cpu::tier() >= Tier::Avx512
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// `xs` rounded to bf16, ties to even (NaN stays NaN), as the products take them.
+///
+/// # Panics
+/// Unless [`runs`].
+pub fn round(xs: &[f32]) -> Vec<bf16> {
+    assert!(runs(), "no AVX512_BF16 here");
+    let mut out = vec![bf16::ZERO; xs.len()];
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: `runs` checked the CPU; the lengths are equal.
+    unsafe {
+        avx512::round(xs, &mut out)
+    };
+    out
+}
+
+/// Part of the products of a bf16 matrix with `n` vectors rounded to bf16 (`xs`, one
+/// after another): `out[b stride + j] = weight row j · x_b`, over the rows of `bundles`,
+/// numbered as [`crate::bundles::matvec_bundles`] numbers them.
+///
+/// # Panics
+/// Unless [`runs`], and `weight` and `xs` are whole rows of `d_in`.
+pub fn bundles(
+    weight: &[bf16],
+    xs: &[bf16],
+    d_in: usize,
+    out: &[AtomicU32],
+    stride: usize,
+    bundles: Range<usize>,
+) {
+    assert!(runs(), "no AVX512_BF16 here");
+    assert!(weight.len().is_multiple_of(d_in) && xs.len().is_multiple_of(d_in));
+    let (rows, n) = (weight.len() / d_in, xs.len() / d_in);
+    let q = rows / 4;
+    assert!(bundles.end <= crate::bundles::matvec_bundle_count(rows));
+    assert!(n == 0 || out.len() >= (n - 1) * stride + rows);
+    for bundle in bundles {
+        let picked: [usize; 4] = if bundle < q {
+            [bundle, q + bundle, 2 * q + bundle, 3 * q + bundle]
+        } else {
+            [4 * q + bundle - q; 4]
+        };
+        let row = |j: usize| weight[j * d_in..][..d_in].as_ptr();
+        for b in 0..n {
+            let x = xs[b * d_in..][..d_in].as_ptr();
+            #[cfg(target_arch = "x86_64")]
+            // SAFETY: `runs` checked the CPU; each pointer holds d_in values.
+            let sums = unsafe { avx512::dot4(picked.map(row), x, d_in) };
+            let count = if bundle < q { 4 } else { 1 };
+            for (&j, &sum) in picked.iter().zip(&sums).take(count) {
+                out[b * stride + j].store(sum.to_bits(), std::sync::atomic::Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+/// `x` (rows of `d_in`) times the bf16 weight `weight` (rows of `d_in`, one per output),
+/// each input rounded to bf16: rows of `d_out`.
+///
+/// # Panics
+/// Unless [`runs`], and `x` and `weight` are whole rows of `d_in`.
+pub fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
+    assert!(runs(), "no AVX512_BF16 here");
+    assert!(d_in > 0 && x.len().is_multiple_of(d_in) && weight.len().is_multiple_of(d_in));
+    let (rows, d_out) = (x.len() / d_in, weight.len() / d_in);
+    if rows == 0 || d_out == 0 {
+        return vec![0.0; rows * d_out];
+    }
+    // Rows padded with zeros to whole tiles, each to a whole number of pairs.
+    let (padded, width) = (rows.next_multiple_of(MR), d_in.next_multiple_of(2));
+    let mut rounded = vec![bf16::ZERO; padded * width];
+    (rounded.par_chunks_mut(width))
+        .zip(x.par_chunks(d_in))
+        .for_each(|(to, x)| to[..d_in].copy_from_slice(&round(x)));
+    let pairs = width / 2;
+    let mut out = vec![0.0f32; rows * d_out];
+    let out_ptr = OutPtr(out.as_mut_ptr());
+    (0..d_out.div_ceil(GROUP))
+        .into_par_iter()
+        .for_each(|group| {
+            let columns = group * GROUP..((group + 1) * GROUP).min(d_out);
+            let panels: Vec<Panel> = (columns.clone().step_by(NR))
+                .map(|first| Panel::new(weight, d_in, first..(first + NR).min(columns.end)))
+                .collect();
+            for tile in (0..rows).step_by(MR) {
+                let valid = MR.min(rows - tile);
+                let x = rounded[tile * width..].as_ptr();
+                for panel in &panels {
+                    let to = out_ptr.at(tile * d_out + panel.columns.start);
+                    #[cfg(target_arch = "x86_64")]
+                    // SAFETY: `runs` checked the CPU; `x` holds MR rows of `width` values, the
+                    // panel `pairs` pairs; the panel's columns of the tile's rows of `out`
+                    // belong to this task alone.
+                    unsafe {
+                        avx512::tile(
+                            panel,
+                            x,
+                            width,
+                            pairs,
+                            to,
+                            d_out,
+                            (valid, panel.columns.len()),
+                        )
+                    };
+                }
+            }
+        });
+    out
+}
+
+/// Sixteen weight rows, pairs of values interleaved as `vdpbf16ps` reads them: for each
+/// pair of inputs, sixteen rows' pairs (rows past the weight's, and a last lone value's
+/// partner, zero).
+struct Panel {
+    columns: Range<usize>,
+    pairs: Vec<[u32; NR]>,
+}
+
+impl Panel {
+    fn new(weight: &[bf16], d_in: usize, columns: Range<usize>) -> Self {
+        let mut pairs = vec![[0u32; NR]; d_in.div_ceil(2)];
+        for (j, row) in columns.clone().enumerate() {
+            let row = &weight[row * d_in..][..d_in];
+            for (pair, values) in pairs.iter_mut().zip(row.chunks(2)) {
+                let high = values.get(1).map_or(0, |v| u32::from(v.to_bits()));
+                pair[j] = u32::from(values[0].to_bits()) | high << 16;
+            }
+        }
+        Panel { columns, pairs }
+    }
+}
+
+/// The output buffer, shared by tasks that write disjoint columns of it.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+
+// SAFETY: each task writes only its own panels' columns (see `linear_rows`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The output's value `i` (a method, so that closures capture the whole `OutPtr`).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx512 {
+    use std::arch::x86_64::*;
+
+    use half::bf16;
+
+    use super::{MR, NR, Panel};
+
+    /// See `super::round`.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX512_BF16 present; `out` as long as `xs`.
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
+    pub(super) unsafe fn round(xs: &[f32], out: &mut [bf16]) {
+        assert_eq!(xs.len(), out.len());
+        let whole = xs.len() / 32 * 32;
+        // SAFETY: 32 values read and written at `i < whole`.
+        unsafe {
+            for i in (0..whole).step_by(32) {
+                let (low, high) = (
+                    _mm512_loadu_ps(xs.as_ptr().add(i)),
+                    _mm512_loadu_ps(xs.as_ptr().add(i + 16)),
+                );
+                let pairs = _mm512_cvtne2ps_pbh(high, low);
+                _mm512_storeu_si512(
+                    out.as_mut_ptr().add(i).cast(),
+                    std::mem::transmute::<__m512bh, __m512i>(pairs),
+                );
+            }
+        }
+        for (to, &x) in out[whole..].iter_mut().zip(&xs[whole..]) {
+            *to = bf16::from_f32(x);
+        }
+    }
+
+    /// Four rows (`d_in` bf16 values each) times `x` (as many): the four sums, each of
+    /// `vdpbf16ps` lanes added in a fixed order.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and AVX512_BF16 present; every pointer holds `d_in` values.
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
+    pub(super) unsafe fn dot4(rows: [*const bf16; 4], x: *const bf16, d_in: usize) -> [f32; 4] {
+        let mut acc = [_mm512_setzero_ps(); 4];
+        let mut c = 0;
+        // SAFETY (whole body): reads stay within `d_in` values of each pointer (the last
+        // piece masked); the prefetches are hints.
+        unsafe {
+            let load = |p: *const bf16, at: usize, mask: __mmask32| {
+                std::mem::transmute::<__m512i, __m512bh>(_mm512_maskz_loadu_epi16(
+                    mask,
+                    p.add(at).cast(),
+                ))
+            };
+            while c < d_in {
+                let mask: __mmask32 = if d_in - c >= 32 {
+                    !0
+                } else {
+                    (1u32 << (d_in - c)) - 1
+                };
+                let xv = load(x, c, mask);
+                for (acc, &row) in acc.iter_mut().zip(&rows) {
+                    // The same place in the next bundle's row (a share's rows follow
+                    // one another).
+                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(c + d_in).cast());
+                    *acc = _mm512_dpbf16_ps(*acc, load(row, c, mask), xv);
+                }
+                c += 32;
+            }
+        }
+        // A loop, not `map`: a closure would be compiled without the target features.
+        let mut sums = [0.0f32; 4];
+        for (sum, acc) in sums.iter_mut().zip(acc) {
+            *sum = _mm512_reduce_add_ps(acc);
+        }
+        sums
+    }
+
+    /// Rows `x..` (MR of `width` bf16 values, `width` apart) times the panel's rows
+    /// (`pairs` pairs): the first `valid` rows' first `n` sums stored at `out`, rows
+    /// `stride` apart.
+    ///
+    /// # Safety
+    /// AVX-512F and AVX512_BF16 present; `x` holds MR rows; `out` as described.
+    #[target_feature(enable = "avx512f,avx512bf16,avx512bw")]
+    pub(super) unsafe fn tile(
+        panel: &Panel,
+        x: *const bf16,
+        width: usize,
+        pairs: usize,
+        out: *mut f32,
+        stride: usize,
+        (valid, n): (usize, usize),
+    ) {
+        assert!(valid <= MR && n <= NR && panel.pairs.len() >= pairs);
+        let mask: __mmask16 = if n >= NR { !0 } else { (1u16 << n) - 1 };
+        let mut acc = [_mm512_setzero_ps(); MR];
+        // SAFETY (whole body): `k < pairs` pairs of each row and of the panel; stores to
+        // `valid` rows of `n` values.
+        unsafe {
+            let xs = x.cast::<u32>();
+            let w = panel.pairs.as_ptr().cast::<__m512i>();
+            for k in 0..pairs {
+                let w = std::mem::transmute::<__m512i, __m512bh>(_mm512_loadu_si512(w.add(k)));
+                for (r, acc) in acc.iter_mut().enumerate() {
+                    let pair = xs.add(r * width / 2 + k).read_unaligned() as i32;
+                    let pair = std::mem::transmute::<__m512i, __m512bh>(_mm512_set1_epi32(pair));
+                    *acc = _mm512_dpbf16_ps(*acc, w, pair);
+                }
+            }
+            for (r, acc) in acc.iter().enumerate().take(valid) {
+                _mm512_mask_storeu_ps(out.add(r * stride), mask, *acc);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{in_pool, uniform};
+
+    fn widen(values: &[bf16]) -> Vec<f64> {
+        values.iter().map(|v| f64::from(v.to_f32())).collect()
+    }
+
+    /// Each sum against the f64 sum of the rounded inputs' products: off by no more than
+    /// f32 additions over the row allow.
+    fn check(got: f32, weight: &[f64], x: &[f64], what: &str) {
+        let exact: f64 = weight.iter().zip(x).map(|(w, x)| w * x).sum();
+        let size: f64 = weight.iter().zip(x).map(|(w, x)| (w * x).abs()).sum();
+        let error = (f64::from(got) - exact).abs();
+        assert!(
+            error <= size * 1e-5 + 1e-30,
+            "{what}: {got} vs {exact} (size {size})"
+        );
+    }
+
+    /// The rounding is to nearest, ties to even, as `half` rounds (NaN kept), on values of
+    /// every size and ties.
+    #[test]
+    fn rounding_is_to_nearest_even() {
+        if !runs() {
+            eprintln!("skipped: no AVX512_BF16 on this CPU (or RUNTIME_CPU)");
+            return;
+        }
+        let mut next = uniform(3);
+        let mut xs: Vec<f32> = (0..1000).map(|i| next() * 10f32.powi(i % 12 - 6)).collect();
+        xs.extend([
+            f32::from_bits(0x3f80_8000),
+            f32::from_bits(0x3f81_8000),
+            f32::INFINITY,
+        ]);
+        xs.extend([-0.0, f32::MAX, f32::MIN_POSITIVE, 1e-41]);
+        for (got, x) in round(&xs).iter().zip(&xs) {
+            assert_eq!(got.to_bits(), bf16::from_f32(*x).to_bits(), "{x:e}");
+        }
+        assert!(round(&[f32::NAN])[0].is_nan());
+    }
+
+    /// Decoding's products equal the definition (up to the order of f32 additions), for
+    /// lengths with and without a partial last 32, bundles of four rows and leftovers; and
+    /// a vector's products are the same bits alone and in a batch.
+    #[test]
+    fn bundles_follow_the_definition() {
+        if !runs() {
+            eprintln!("skipped: no AVX512_BF16 on this CPU (or RUNTIME_CPU)");
+            return;
+        }
+        for (rows, d_in, n) in [(11, 576, 3), (8, 48, 2), (6, 1000, 1)] {
+            let mut next = uniform(rows as u64 + d_in as u64);
+            let weight: Vec<bf16> = (0..rows * d_in).map(|_| bf16::from_f32(next())).collect();
+            let xs: Vec<f32> = (0..n * d_in).map(|_| next() * 3.0).collect();
+            let rounded = round(&xs);
+            let out: Vec<AtomicU32> = (0..n * rows).map(|_| AtomicU32::new(0)).collect();
+            let count = crate::bundles::matvec_bundle_count(rows);
+            bundles(&weight, &rounded, d_in, &out, rows, 0..count);
+            let got: Vec<f32> = out
+                .iter()
+                .map(|v| f32::from_bits(v.load(std::sync::atomic::Ordering::Relaxed)))
+                .collect();
+            for b in 0..n {
+                let x = widen(&rounded[b * d_in..][..d_in]);
+                for j in 0..rows {
+                    let w = widen(&weight[j * d_in..][..d_in]);
+                    check(
+                        got[b * rows + j],
+                        &w,
+                        &x,
+                        &format!("{rows}x{d_in} row {j} vector {b}"),
+                    );
+                }
+                let alone: Vec<AtomicU32> = (0..rows).map(|_| AtomicU32::new(0)).collect();
+                bundles(
+                    &weight,
+                    &rounded[b * d_in..][..d_in],
+                    d_in,
+                    &alone,
+                    rows,
+                    0..count,
+                );
+                for j in 0..rows {
+                    let bits = alone[j].load(std::sync::atomic::Ordering::Relaxed);
+                    assert_eq!(
+                        bits,
+                        got[b * rows + j].to_bits(),
+                        "vector {b} row {j} alone"
+                    );
+                }
+            }
+        }
+    }
+
+    /// A prompt's products equal the definition (up to the order of f32 additions), and
+    /// each row's result is the one it gets alone, to the bit, at 1, 2 and 3 threads:
+    /// shapes with partial tiles, panels and groups, and an odd `d_in`.
+    #[test]
+    fn prompt_rows_follow_the_definition() {
+        if !runs() {
+            eprintln!("skipped: no AVX512_BF16 on this CPU (or RUNTIME_CPU)");
+            return;
+        }
+        for (rows, d_in, d_out) in [(13, 576, 70), (30, 33, 130), (15, 64, 16)] {
+            let mut next = uniform(7 + rows as u64);
+            let weight: Vec<bf16> = (0..d_out * d_in).map(|_| bf16::from_f32(next())).collect();
+            let x: Vec<f32> = (0..rows * d_in).map(|_| next() * 2.0).collect();
+            let got = linear_rows(&x, &weight, d_in);
+            for r in 0..rows {
+                let xr = widen(&round(&x[r * d_in..][..d_in]));
+                for j in 0..d_out {
+                    let w = widen(&weight[j * d_in..][..d_in]);
+                    check(
+                        got[r * d_out + j],
+                        &w,
+                        &xr,
+                        &format!("{rows}x{d_in}x{d_out} ({r}, {j})"),
+                    );
+                }
+            }
+            for threads in [1, 2, 3] {
+                let again = in_pool(threads, || linear_rows(&x, &weight, d_in));
+                assert!(
+                    again
+                        .iter()
+                        .zip(&got)
+                        .all(|(a, b)| a.to_bits() == b.to_bits())
+                );
+                for r in [0, rows - 1] {
+                    let alone = in_pool(threads, || {
+                        linear_rows(&x[r * d_in..][..d_in], &weight, d_in)
+                    });
+                    let same = alone
+                        .iter()
+                        .zip(&got[r * d_out..])
+                        .all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "row {r} alone, {threads} threads");
+                }
+            }
+        }
+    }
+}

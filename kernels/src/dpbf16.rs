@@ -165,8 +165,21 @@ struct Panel {
 impl Panel {
     fn new(weight: &[bf16], d_in: usize, columns: Range<usize>) -> Self {
         let mut pairs = vec![[0u32; NR]; d_in.div_ceil(2)];
-        for (j, row) in columns.clone().enumerate() {
-            let row = &weight[row * d_in..][..d_in];
+        let rows: Vec<&[bf16]> = (columns.clone())
+            .map(|row| &weight[row * d_in..][..d_in])
+            .collect();
+        // Sixteen rows' 32 values at a time as a transpose of 32-bit words; what is left
+        // (a panel of fewer rows, the end of rows not a multiple of 32) a pair at a time.
+        let mut done = 0;
+        #[cfg(target_arch = "x86_64")]
+        if let Ok(rows) = <[&[bf16]; NR]>::try_from(rows.as_slice()) {
+            done = d_in / 32 * 32;
+            // SAFETY: `runs` (checked by every caller of `new`) means AVX-512F; each row
+            // holds `d_in` values and `pairs` d_in / 2 entries.
+            unsafe { avx512::interleave(rows, &mut pairs, done) };
+        }
+        for (j, row) in rows.iter().enumerate() {
+            let (pairs, row) = (&mut pairs[done / 2..], &row[done..]);
             for (pair, values) in pairs.iter_mut().zip(row.chunks(2)) {
                 let high = values.get(1).map_or(0, |v| u32::from(v.to_bits()));
                 pair[j] = u32::from(values[0].to_bits()) | high << 16;
@@ -198,6 +211,7 @@ mod avx512 {
     use half::bf16;
 
     use super::{MR, NR, Panel};
+    use crate::simd::avx512::transpose;
 
     /// See `super::round`.
     ///
@@ -223,6 +237,28 @@ mod avx512 {
         }
         for (to, &x) in out[whole..].iter_mut().zip(&xs[whole..]) {
             *to = bf16::from_f32(x);
+        }
+    }
+
+    /// The first `len` values (a multiple of 32) of sixteen rows into `pairs` as `Panel`
+    /// lays them out: each 16 × 16 block of 32-bit words (pairs) transposed.
+    ///
+    /// # Safety
+    /// AVX-512F present; every row holds `len` values, `pairs` `len / 2` entries.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn interleave(rows: [&[bf16]; NR], pairs: &mut [[u32; NR]], len: usize) {
+        assert!(len.is_multiple_of(32) && pairs.len() >= len / 2);
+        assert!(rows.iter().all(|row| row.len() >= len));
+        // SAFETY: reads of 32 values at `c < len` of each row; writes of 16 entries from
+        // `c / 2`.
+        unsafe {
+            for c in (0..len).step_by(32) {
+                let block: [__m512; NR] =
+                    std::array::from_fn(|j| _mm512_loadu_ps(rows[j].as_ptr().add(c).cast()));
+                for (k, words) in transpose(block).into_iter().enumerate() {
+                    _mm512_storeu_ps(pairs.as_mut_ptr().add(c / 2 + k).cast(), words);
+                }
+            }
         }
     }
 

@@ -84,6 +84,7 @@ pub fn bundles(
         let picked: [usize; 4] = if bundle < q {
             [bundle, q + bundle, 2 * q + bundle, 3 * q + bundle]
         } else {
+            // A leftover row (at most three a product), in every slot.
             [4 * q + bundle - q; 4]
         };
         let row = |j: usize| weight[j * d_in..][..d_in].as_ptr();
@@ -92,6 +93,8 @@ pub fn bundles(
             #[cfg(target_arch = "x86_64")]
             // SAFETY: `runs` checked the CPU; each pointer holds d_in values.
             let sums = unsafe { avx512::dot4(picked.map(row), x, d_in) };
+            #[cfg(not(target_arch = "x86_64"))]
+            let sums: [f32; 4] = unreachable!("no AVX512_BF16 off x86-64 ({x:?})");
             let count = if bundle < q { 4 } else { 1 };
             for (&j, &sum) in picked.iter().zip(&sums).take(count) {
                 out[b * stride + j].store(sum.to_bits(), std::sync::atomic::Ordering::Relaxed);

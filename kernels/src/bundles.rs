@@ -129,6 +129,21 @@ fn dot4_x4<W: Stored>(rows: [&[W]; 4], xs: [&[f32]; 4]) -> [[f32; 4]; 4] {
     dot4_vectors!(rows; xs[0] => s0, xs[1] => s1, xs[2] => s2, xs[3] => s3)
 }
 
+/// [`dot4_vectors!`] for one vector. With AVX-512, through intrinsics: LLVM kept the four
+/// sums of plain Rust on the stack, a store and reload per add (decoding SmolLM2 at 70% of
+/// the bandwidth bound). The same multiplies and adds in the same order either way.
+#[inline(always)]
+fn dot4_x1<W: Stored>(rows: [&[W]; 4], x: &[f32]) -> [f32; 4] {
+    #[cfg(target_arch = "x86_64")]
+    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 {
+        let d_in = x.len();
+        assert!(rows.iter().all(|r| r.len() >= d_in) && d_in.is_multiple_of(LANES));
+        // SAFETY: the AVX-512 tier was just checked; every row and `x` hold `d_in` values.
+        return unsafe { avx512::dot4_x1(rows.map(<[W]>::as_ptr), x.as_ptr(), d_in) };
+    }
+    dot4_vectors!(rows; x => s0)[0]
+}
+
 /// Two dot products of the same two rows with each of eight vectors, as [`dot4_x4`]: with
 /// sixteen sums, as many as four rows and four vectors, each load and widening of the
 /// weights serves eight vectors instead of four.
@@ -206,6 +221,77 @@ mod avx512 {
         std::array::from_fn(|v| [sums[v], sums[8 + v]])
     }
 
+    /// See [`super::dot4_x1`]: `d_in` (a multiple of LANES) values from each pointer.
+    #[target_feature(enable = "avx512f")]
+    pub(super) unsafe fn dot4_x1<W: Stored>(
+        [r0, r1, r2, r3]: [*const W; 4],
+        x: *const f32,
+        d_in: usize,
+    ) -> [f32; 4] {
+        let zero = _mm512_setzero_ps();
+        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
+        let mut c = 0;
+        while c < d_in {
+            // SAFETY: c + LANES <= d_in, which every pointer holds. The prefetches are of
+            // the rows after these (the next bundle's, in the same streams), hints only.
+            unsafe {
+                for r in [r0, r1, r2, r3] {
+                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(c + d_in).cast());
+                }
+                let x = _mm512_loadu_ps(x.add(c));
+                a0 = _mm512_fmadd_ps(load(r0.add(c)), x, a0);
+                a1 = _mm512_fmadd_ps(load(r1.add(c)), x, a1);
+                a2 = _mm512_fmadd_ps(load(r2.add(c)), x, a2);
+                a3 = _mm512_fmadd_ps(load(r3.add(c)), x, a3);
+            }
+            c += LANES;
+        }
+        sums4([a0, a1, a2, a3])
+    }
+
+    /// Lane `r`: the lanes of `v[r]` summed in order, as `iter().sum()` sums them (as
+    /// [`sums16`] does for sixteen): the four registers transposed into sixteen quarters
+    /// (quarter `k` holding lane `k` of each), then added in lane order.
+    #[inline]
+    #[target_feature(enable = "avx512f")]
+    fn sums4(v: [__m512; 4]) -> [f32; 4] {
+        let (low01, high01) = (
+            _mm512_unpacklo_ps(v[0], v[1]),
+            _mm512_unpackhi_ps(v[0], v[1]),
+        );
+        let (low23, high23) = (
+            _mm512_unpacklo_ps(v[2], v[3]),
+            _mm512_unpackhi_ps(v[2], v[3]),
+        );
+        let (low01, high01) = (_mm512_castps_pd(low01), _mm512_castps_pd(high01));
+        let (low23, high23) = (_mm512_castps_pd(low23), _mm512_castps_pd(high23));
+        // Register k's 128-bit block b: lane 4b + k of v[0..4].
+        let t = [
+            _mm512_castpd_ps(_mm512_unpacklo_pd(low01, low23)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(low01, low23)),
+            _mm512_castpd_ps(_mm512_unpacklo_pd(high01, high23)),
+            _mm512_castpd_ps(_mm512_unpackhi_pd(high01, high23)),
+        ];
+        // Written out, not a closure: one would be compiled without the target features.
+        let mut q = [[_mm_setzero_ps(); 4]; 4];
+        for (q, &t) in q.iter_mut().zip(&t) {
+            *q = [
+                _mm512_castps512_ps128(t),
+                _mm512_extractf32x4_ps::<1>(t),
+                _mm512_extractf32x4_ps::<2>(t),
+                _mm512_extractf32x4_ps::<3>(t),
+            ];
+        }
+        let mut sum = q[0][0];
+        for lane in 1..LANES {
+            sum = _mm_add_ps(sum, q[lane % 4][lane / 4]);
+        }
+        let mut sums = [0.0f32; 4];
+        // SAFETY: `sums` holds four f32.
+        unsafe { _mm_storeu_ps(sums.as_mut_ptr(), sum) };
+        sums
+    }
+
     /// See [`super::dot4_x4`]: `d_in` (a multiple of LANES) values from each pointer.
     #[target_feature(enable = "avx512f")]
     pub(super) unsafe fn dot4_x4<W: Stored>(
@@ -220,8 +306,12 @@ mod avx512 {
         let (mut d0, mut d1, mut d2, mut d3) = (zero, zero, zero, zero);
         let mut c = 0;
         while c < d_in {
-            // SAFETY: c + LANES <= d_in, which every pointer holds.
+            // SAFETY: c + LANES <= d_in, which every pointer holds. The prefetches are of
+            // the rows after these (the next bundle's, in the same streams), hints only.
             unsafe {
+                for r in [r0, r1, r2, r3] {
+                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(c + d_in).cast());
+                }
                 let w = [r0, r1, r2, r3].map(|r| load(r.add(c)));
                 let x = [x0, x1, x2, x3].map(|x| _mm512_loadu_ps(x.add(c)));
                 a0 = _mm512_fmadd_ps(w[0], x[0], a0);
@@ -421,7 +511,7 @@ impl Products<'_> {
                 }
             };
             if count == 1 {
-                put(&dot4_vectors!(block; self.x(b) => s0));
+                put(&[dot4_x1(block, self.x(b))]);
             } else {
                 // A pass of fewer than four vectors repeats its last one.
                 let xs = [0, 1, 2, 3].map(|v| self.x(b + v.min(count - 1)));

@@ -130,8 +130,10 @@ fn dot4_x4<W: Stored>(rows: [&[W]; 4], xs: [&[f32]; 4]) -> [[f32; 4]; 4] {
 }
 
 /// [`dot4_vectors!`] for one vector. With AVX-512, through intrinsics: LLVM kept the four
-/// sums of plain Rust on the stack, a store and reload per add (decoding SmolLM2 at 70% of
-/// the bandwidth bound). The same multiplies and adds in the same order either way.
+/// sums of plain Rust on the stack, a store and reload per add, and without a prefetch of
+/// the next bundle's rows one vector's decoding fell well short of the bandwidth (the
+/// prefetch is what counted: docs/BENCHMARKS.md, session 21). The same multiplies and adds
+/// in the same order either way.
 #[inline(always)]
 fn dot4_x1<W: Stored>(rows: [&[W]; 4], x: &[f32]) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]

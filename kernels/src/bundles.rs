@@ -130,10 +130,9 @@ fn dot4_x4<W: Stored>(rows: [&[W]; 4], xs: [&[f32]; 4]) -> [[f32; 4]; 4] {
 }
 
 /// [`dot4_vectors!`] for one vector. With AVX-512, through intrinsics: LLVM kept the four
-/// sums of plain Rust on the stack, a store and reload per add, and without a prefetch of
-/// the next bundle's rows one vector's decoding fell well short of the bandwidth (the
-/// prefetch is what counted: docs/BENCHMARKS.md, session 21). The same multiplies and adds
-/// in the same order either way.
+/// sums of plain Rust on the stack, a store and reload per add; and the next rows are
+/// fetched ahead (`avx512::fetch_next`). The same multiplies and adds in the same order
+/// either way.
 #[inline(always)]
 fn dot4_x1<W: Stored>(rows: [&[W]; 4], x: &[f32]) -> [f32; 4] {
     #[cfg(target_arch = "x86_64")]
@@ -170,12 +169,24 @@ fn dot2_x8<W: Stored>(rows: [&[W]; 2], xs: [&[f32]; 8]) -> [[f32; 2]; 8] {
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx512 {
+pub(crate) mod avx512 {
     use std::arch::x86_64::*;
 
     use crate::simd::LANES;
     use crate::simd::avx512::{load, sums16};
     use crate::stored::Stored;
+
+    /// Hints into L1 the cache line `at` values into each of `rows`: called with `at` a row
+    /// further on, the next bundle's rows at the place being read (a share's rows follow one
+    /// another, so the streams stay the same). Without it one to seven vectors' decoding fell
+    /// well short of the bandwidth (docs/BENCHMARKS.md, session 21).
+    #[inline(always)]
+    pub(crate) fn fetch_next<W, const R: usize>(rows: [*const W; R], at: usize) {
+        for row in rows {
+            // SAFETY: a prefetch is a hint; it reads nothing and never faults.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(at).cast()) };
+        }
+    }
 
     /// See [`super::dot2_x8`]: `d_in` (a multiple of LANES) values from each pointer.
     #[target_feature(enable = "avx512f")]
@@ -193,11 +204,9 @@ mod avx512 {
             (zero, zero, zero, zero, zero, zero, zero, zero);
         let mut c = 0;
         while c < d_in {
-            // SAFETY: c + LANES <= d_in, which every pointer holds. The prefetches are of the
-            // rows after these (the next bundle's, in the same streams), hints only.
+            fetch_next([r0, r1], c + d_in);
+            // SAFETY: c + LANES <= d_in, which every pointer holds.
             unsafe {
-                _mm_prefetch::<_MM_HINT_T0>(r0.wrapping_add(c + d_in).cast());
-                _mm_prefetch::<_MM_HINT_T0>(r1.wrapping_add(c + d_in).cast());
                 let (w0, w1) = (load(r0.add(c)), load(r1.add(c)));
                 macro_rules! both {
                     ($x:ident, $a:ident, $b:ident) => {
@@ -234,12 +243,9 @@ mod avx512 {
         let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
         let mut c = 0;
         while c < d_in {
-            // SAFETY: c + LANES <= d_in, which every pointer holds. The prefetches are of
-            // the rows after these (the next bundle's, in the same streams), hints only.
+            fetch_next([r0, r1, r2, r3], c + d_in);
+            // SAFETY: c + LANES <= d_in, which every pointer holds.
             unsafe {
-                for r in [r0, r1, r2, r3] {
-                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(c + d_in).cast());
-                }
                 let x = _mm512_loadu_ps(x.add(c));
                 a0 = _mm512_fmadd_ps(load(r0.add(c)), x, a0);
                 a1 = _mm512_fmadd_ps(load(r1.add(c)), x, a1);
@@ -308,12 +314,9 @@ mod avx512 {
         let (mut d0, mut d1, mut d2, mut d3) = (zero, zero, zero, zero);
         let mut c = 0;
         while c < d_in {
-            // SAFETY: c + LANES <= d_in, which every pointer holds. The prefetches are of
-            // the rows after these (the next bundle's, in the same streams), hints only.
+            fetch_next([r0, r1, r2, r3], c + d_in);
+            // SAFETY: c + LANES <= d_in, which every pointer holds.
             unsafe {
-                for r in [r0, r1, r2, r3] {
-                    _mm_prefetch::<_MM_HINT_T0>(r.wrapping_add(c + d_in).cast());
-                }
                 let w = [r0, r1, r2, r3].map(|r| load(r.add(c)));
                 let x = [x0, x1, x2, x3].map(|x| _mm512_loadu_ps(x.add(c)));
                 a0 = _mm512_fmadd_ps(w[0], x[0], a0);

@@ -22,6 +22,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use crate::cpu::{self, Tier};
+use crate::team::OutPtr;
 
 /// Prompt rows per tile: fourteen registers of sums beside the panel's.
 const MR: usize = 14;
@@ -50,14 +51,20 @@ pub fn runs() -> bool {
 /// # Panics
 /// Unless [`runs`].
 pub fn round(xs: &[f32]) -> Vec<bf16> {
-    assert!(runs(), "no AVX512_BF16 here");
     let mut out = vec![bf16::ZERO; xs.len()];
+    round_into(xs, &mut out);
+    out
+}
+
+/// [`round`] into `out` (as long as `xs`).
+fn round_into(xs: &[f32], out: &mut [bf16]) {
+    assert!(runs(), "no AVX512_BF16 here");
+    assert_eq!(xs.len(), out.len());
     #[cfg(target_arch = "x86_64")]
     // SAFETY: `runs` checked the CPU; the lengths are equal.
     unsafe {
-        avx512::round(xs, &mut out)
+        avx512::round(xs, out)
     };
-    out
 }
 
 /// Part of the products of a bf16 matrix with `n` vectors rounded to bf16 (`xs`, one
@@ -120,7 +127,7 @@ pub fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
     let mut rounded = vec![bf16::ZERO; padded * width];
     (rounded.par_chunks_mut(width))
         .zip(x.par_chunks(d_in))
-        .for_each(|(to, x)| to[..d_in].copy_from_slice(&round(x)));
+        .for_each(|(to, x)| round_into(x, &mut to[..d_in]));
     let pairs = width / 2;
     let mut out = vec![0.0f32; rows * d_out];
     let out_ptr = OutPtr(out.as_mut_ptr());
@@ -192,21 +199,6 @@ impl Panel {
     }
 }
 
-/// The output buffer, shared by tasks that write disjoint columns of it.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-
-// SAFETY: each task writes only its own panels' columns (see `linear_rows`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The output's value `i` (a method, so that closures capture the whole `OutPtr`).
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
-    }
-}
-
 #[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
@@ -214,6 +206,7 @@ mod avx512 {
     use half::bf16;
 
     use super::{MR, NR, Panel};
+    use crate::bundles::avx512::fetch_next;
     use crate::simd::avx512::transpose;
 
     /// See `super::round`.
@@ -290,10 +283,8 @@ mod avx512 {
                     (1u32 << (d_in - c)) - 1
                 };
                 let xv = load(x, c, mask);
+                fetch_next(rows, c + d_in);
                 for (acc, &row) in acc.iter_mut().zip(&rows) {
-                    // The same place in the next bundle's row (a share's rows follow
-                    // one another).
-                    _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(c + d_in).cast());
                     *acc = _mm512_dpbf16_ps(*acc, load(row, c, mask), xv);
                 }
                 c += 32;
@@ -351,6 +342,14 @@ mod tests {
     use super::*;
     use crate::testing::{in_pool, uniform};
 
+    /// Whether this CPU cannot run the kernels (and the test is skipped, saying so).
+    fn skipped() -> bool {
+        if !runs() {
+            eprintln!("skipped: no AVX512_BF16 on this CPU (or RUNTIME_CPU)");
+        }
+        !runs()
+    }
+
     fn widen(values: &[bf16]) -> Vec<f64> {
         values.iter().map(|v| f64::from(v.to_f32())).collect()
     }
@@ -371,8 +370,7 @@ mod tests {
     /// every size and ties.
     #[test]
     fn rounding_is_to_nearest_even() {
-        if !runs() {
-            eprintln!("skipped: no AVX512_BF16 on this CPU (or RUNTIME_CPU)");
+        if skipped() {
             return;
         }
         let mut next = uniform(3);
@@ -394,8 +392,7 @@ mod tests {
     /// a vector's products are the same bits alone and in a batch.
     #[test]
     fn bundles_follow_the_definition() {
-        if !runs() {
-            eprintln!("skipped: no AVX512_BF16 on this CPU (or RUNTIME_CPU)");
+        if skipped() {
             return;
         }
         for (rows, d_in, n) in [(11, 576, 3), (8, 48, 2), (6, 1000, 1)] {
@@ -447,8 +444,7 @@ mod tests {
     /// shapes with partial tiles, panels and groups, and an odd `d_in`.
     #[test]
     fn prompt_rows_follow_the_definition() {
-        if !runs() {
-            eprintln!("skipped: no AVX512_BF16 on this CPU (or RUNTIME_CPU)");
+        if skipped() {
             return;
         }
         for (rows, d_in, d_out) in [(13, 576, 70), (30, 33, 130), (15, 64, 16)] {

@@ -21,6 +21,7 @@ use rayon::prelude::*;
 
 use crate::matvec::Rows;
 use crate::stored::Stored;
+use crate::team::OutPtr;
 
 /// Outputs per panel: two AVX-512 registers of f32.
 const NR: usize = 32;
@@ -220,14 +221,6 @@ impl Ahead {
         }
     }
 }
-
-/// The output buffer, shared by tasks that write disjoint columns of it.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-
-// SAFETY: each task writes only its own panels' columns (see `linear_rows`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
 
 thread_local! {
     /// The calling thread's packed panel, reused across calls.

@@ -248,3 +248,20 @@ mod tests {
         });
     }
 }
+
+/// An output buffer shared by the tasks of a parallel region that each write a disjoint
+/// part of it (the prompt kernels: each task its own columns). Whoever makes one says which
+/// part each task writes, and keeps the buffer alive and untouched otherwise meanwhile.
+#[derive(Clone, Copy)]
+pub(crate) struct OutPtr(pub(crate) *mut f32);
+
+// SAFETY: the tasks sharing it write disjoint parts (see the type's promise).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// The output's value `i` (a method, so that closures capture the whole `OutPtr`).
+    pub(crate) fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}

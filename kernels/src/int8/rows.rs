@@ -27,6 +27,7 @@ use rayon::prelude::*;
 use super::Format;
 use crate::cpu::{self, Tier, multiversioned};
 use crate::quant::{BlockType, scale_min_k4};
+use crate::team::OutPtr;
 
 /// Weight rows per panel: one register of `i32` lanes.
 const NR: usize = 16;
@@ -422,21 +423,6 @@ fn prefetch(bytes: &[u8]) {
         use std::arch::x86_64::{_MM_HINT_T1, _mm_prefetch};
         // SAFETY: a prefetch only hints; it reads nothing and never faults.
         unsafe { _mm_prefetch::<_MM_HINT_T1>(line.as_ptr().cast()) };
-    }
-}
-
-/// The output buffer, shared by tasks that write disjoint columns of it.
-#[derive(Clone, Copy)]
-struct OutPtr(*mut f32);
-
-// SAFETY: each task writes only its own panels' columns (see `linear_rows`).
-unsafe impl Send for OutPtr {}
-unsafe impl Sync for OutPtr {}
-
-impl OutPtr {
-    /// The output's value `i` (a method, so that closures capture the whole `OutPtr`).
-    fn at(self, i: usize) -> *mut f32 {
-        self.0.wrapping_add(i)
     }
 }
 

@@ -57,7 +57,7 @@ test:
 test-tiers:
     #!/usr/bin/env bash
     set -euo pipefail
-    for tier in avx512 avx2 portable; do
+    for tier in avx512vnni avx512 avx2 portable; do
         echo "kernels at RUNTIME_CPU=$tier"
         RUNTIME_CPU=$tier cargo test --quiet --release -p kernels
     done

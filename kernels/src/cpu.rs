@@ -3,7 +3,7 @@
 //! they exist.
 //!
 //! The tier can be lowered with the environment variable `RUNTIME_CPU` (`portable`, `avx2`,
-//! `avx512`, `avx512vnni`), read once: so every tier's kernels are tested and measured on a
+//! `avx512`, `avx512vnni`, `amx`), read once: so every tier's kernels are tested and measured on a
 //! host that has a higher one. A tier above what the CPU has changes nothing.
 
 use std::sync::OnceLock;
@@ -22,11 +22,21 @@ pub enum Tier {
     /// AVX-512 with VNNI (Ice Lake, Sapphire Rapids, Zen 4): the int8 products with
     /// `vpdpbusd`, four byte products a lane an instruction.
     Avx512Vnni,
+    /// AVX-512 VNNI and BF16 with AMX's tiles (Sapphire Rapids and later Xeons), which
+    /// the kernel lets this process use: prompts' bf16 products as tile products, one
+    /// `tdpbf16ps` doing 16 × 16 × 32 multiply-adds.
+    Amx,
 }
 
 impl Tier {
     /// Every tier, lowest first.
-    pub const ALL: [Tier; 4] = [Tier::Portable, Tier::Avx2, Tier::Avx512, Tier::Avx512Vnni];
+    pub const ALL: [Tier; 5] = [
+        Tier::Portable,
+        Tier::Avx2,
+        Tier::Avx512,
+        Tier::Avx512Vnni,
+        Tier::Amx,
+    ];
 
     /// The name `RUNTIME_CPU` and reports use.
     pub fn name(self) -> &'static str {
@@ -35,6 +45,7 @@ impl Tier {
             Tier::Avx2 => "avx2",
             Tier::Avx512 => "avx512",
             Tier::Avx512Vnni => "avx512vnni",
+            Tier::Amx => "amx",
         }
     }
 }
@@ -93,6 +104,9 @@ pub fn detected() -> Tier {
         if has!("avx2") && has!("fma") && has!("f16c") {
             if has!("avx512f") && has!("avx512bw") && has!("avx512dq") && has!("avx512vl") {
                 if has!("avx512vnni") {
+                    if has!("avx512bf16") && amx_granted() {
+                        return Tier::Amx;
+                    }
                     return Tier::Avx512Vnni;
                 }
                 return Tier::Avx512;
@@ -101,6 +115,30 @@ pub fn detected() -> Tier {
         }
     }
     Tier::Portable
+}
+
+/// Whether this CPU has AMX's tiles with their bf16 and int8 products, and Linux lets this
+/// process use them: the tiles' 8 KiB of state is saved on a context switch only for a
+/// process that asked (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), once, for all its threads.
+/// (`is_x86_feature_detected!` does not know AMX on stable Rust: CPUID leaf 7 tells.)
+#[cfg(target_arch = "x86_64")]
+fn amx_granted() -> bool {
+    const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+    const XFEATURE_XTILEDATA: libc::c_long = 18;
+    // Leaf 7 exists on every CPU with AVX-512 (checked by the caller).
+    let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+    let (bf16, tile, int8) = (edx >> 22 & 1, edx >> 24 & 1, edx >> 25 & 1);
+    // SAFETY: a request about this process's own state; it touches no memory of ours.
+    bf16 == 1
+        && tile == 1
+        && int8 == 1
+        && unsafe {
+            libc::syscall(
+                libc::SYS_arch_prctl,
+                ARCH_REQ_XCOMP_PERM,
+                XFEATURE_XTILEDATA,
+            )
+        } == 0
 }
 
 /// The vector features of this CPU that matter to the kernels, present or not, as
@@ -117,6 +155,7 @@ pub fn cpu_features() -> Vec<String> {
             ("avx512bf16", std::is_x86_feature_detected!("avx512bf16")),
             ("avx512vnni", std::is_x86_feature_detected!("avx512vnni")),
             ("avx512fp16", std::is_x86_feature_detected!("avx512fp16")),
+            ("amx", detected() == Tier::Amx),
         ];
         for (name, present) in present {
             features.push(if present {
@@ -156,7 +195,9 @@ macro_rules! multiversioned {
             #[cfg(target_arch = "x86_64")]
             match $crate::cpu::tier() {
                 // SAFETY: the tier's CPUs have the features `avx512` is compiled with.
-                $crate::cpu::Tier::Avx512 | $crate::cpu::Tier::Avx512Vnni => {
+                $crate::cpu::Tier::Avx512
+                | $crate::cpu::Tier::Avx512Vnni
+                | $crate::cpu::Tier::Amx => {
                     return unsafe { avx512 $(::<$t>)? ($($arg),*) };
                 }
                 // SAFETY: as above, for `avx2`.

@@ -13,7 +13,8 @@
 //! Decoding: four rows at a time (a [`crate::bundles`] bundle), each vector in turn.
 //! Prompts: as [`crate::int8::rows`], a panel of sixteen weight rows laid out as the
 //! instruction reads them (lane `j` holds a pair of row `j`'s values) and fourteen prompt
-//! rows passing over it, each broadcasting a pair per instruction.
+//! rows passing over it, each broadcasting a pair per instruction; with AMX's tiles
+//! ([`amx`]), sixteen prompt rows by sixteen weight rows by 32 inputs an instruction.
 
 use std::ops::Range;
 use std::sync::atomic::AtomicU32;
@@ -23,6 +24,9 @@ use rayon::prelude::*;
 
 use crate::cpu::{self, Tier};
 use crate::team::OutPtr;
+
+#[cfg(target_arch = "x86_64")]
+mod amx;
 
 /// Prompt rows per tile: fourteen registers of sums beside the panel's.
 const MR: usize = 14;
@@ -122,6 +126,10 @@ pub fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
     if rows == 0 || d_out == 0 {
         return vec![0.0; rows * d_out];
     }
+    #[cfg(target_arch = "x86_64")]
+    if amx::runs() {
+        return amx::linear_rows(x, weight, d_in);
+    }
     // Rows padded with zeros to whole tiles, each to a whole number of pairs.
     let (padded, width) = (rows.next_multiple_of(MR), d_in.next_multiple_of(2));
     let mut rounded = vec![bf16::ZERO; padded * width];
@@ -136,7 +144,7 @@ pub fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
         .for_each(|group| {
             let columns = group * GROUP..((group + 1) * GROUP).min(d_out);
             let panels: Vec<Panel> = (columns.clone().step_by(NR))
-                .map(|first| Panel::new(weight, d_in, first..(first + NR).min(columns.end)))
+                .map(|first| Panel::new(weight, d_in, first..(first + NR).min(columns.end), pairs))
                 .collect();
             for tile in (0..rows).step_by(MR) {
                 let valid = MR.min(rows - tile);
@@ -165,16 +173,18 @@ pub fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
 }
 
 /// Sixteen weight rows, pairs of values interleaved as `vdpbf16ps` reads them: for each
-/// pair of inputs, sixteen rows' pairs (rows past the weight's, and a last lone value's
-/// partner, zero).
+/// pair of inputs, sixteen rows' pairs (rows past the weight's, a last lone value's
+/// partner, and pairs past the row's, zero).
 struct Panel {
     columns: Range<usize>,
     pairs: Vec<[u32; NR]>,
 }
 
 impl Panel {
-    fn new(weight: &[bf16], d_in: usize, columns: Range<usize>) -> Self {
-        let mut pairs = vec![[0u32; NR]; d_in.div_ceil(2)];
+    /// Rows `columns` of `weight` as `pairs` pairs (at least `d_in` values).
+    fn new(weight: &[bf16], d_in: usize, columns: Range<usize>, pairs: usize) -> Self {
+        assert!(2 * pairs >= d_in);
+        let mut pairs = vec![[0u32; NR]; pairs];
         let rows: Vec<&[bf16]> = (columns.clone())
             .map(|row| &weight[row * d_in..][..d_in])
             .collect();
@@ -441,13 +451,21 @@ mod tests {
 
     /// A prompt's products equal the definition (up to the order of f32 additions), and
     /// each row's result is the one it gets alone, to the bit, at 1, 2 and 3 threads:
-    /// shapes with partial tiles, panels and groups, and an odd `d_in`.
+    /// shapes with partial tiles, panels and groups, and an odd `d_in`; on AMX's tiles,
+    /// whole and partial pairs of tiles, a lone last panel, rows of a multiple of 1 KiB.
     #[test]
     fn prompt_rows_follow_the_definition() {
         if skipped() {
             return;
         }
-        for (rows, d_in, d_out) in [(13, 576, 70), (30, 33, 130), (15, 64, 16)] {
+        let shapes = [
+            (13, 576, 70),
+            (30, 33, 130),
+            (15, 64, 16),
+            (70, 2048, 300),
+            (32, 96, 64),
+        ];
+        for (rows, d_in, d_out) in shapes {
             let mut next = uniform(7 + rows as u64);
             let weight: Vec<bf16> = (0..d_out * d_in).map(|_| bf16::from_f32(next())).collect();
             let x: Vec<f32> = (0..rows * d_in).map(|_| next() * 2.0).collect();
@@ -484,5 +502,33 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// Multiply-adds per second of [`linear_rows`] on a prompt of 512 at 1B's widest shape,
+    /// at the tier this CPU runs (`RUNTIME_CPU=avx512vnni`: the `vdpbf16ps` kernel):
+    /// `cargo test --release -p kernels bf16_prompt_speed -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn bf16_prompt_speed() {
+        if skipped() {
+            return;
+        }
+        let (rows, d_in, d_out) = (512, 2048, 8192);
+        let mut next = uniform(5);
+        let weight: Vec<bf16> = (0..d_out * d_in).map(|_| bf16::from_f32(next())).collect();
+        let x: Vec<f32> = (0..rows * d_in).map(|_| next()).collect();
+        let mut best = f64::INFINITY;
+        for _ in 0..5 {
+            let start = std::time::Instant::now();
+            std::hint::black_box(linear_rows(&x, &weight, d_in));
+            best = best.min(start.elapsed().as_secs_f64());
+        }
+        let macs = (rows * d_in * d_out) as f64;
+        println!(
+            "{}: {:.1} ms, {:.1} GMAC/s",
+            crate::cpu::tier(),
+            best * 1e3,
+            macs / best / 1e9
+        );
     }
 }

@@ -6,6 +6,7 @@
 //! Activations are `f32`; weights `f32`, `bf16` or ggml blocks; KV cache entries `f32`,
 //! `f16` or `bf16`. Modules, lowest first (each uses only those above it):
 //! - [`cpu`]: what this CPU can run, and the `multiversioned!` dispatch on it.
+//! - [`amx`]: AMX's tile registers, configured and released around a prompt kernel.
 //! - [`quant`]: ggml's block types, decoded as gguf-py decodes them, quantized as ggml does.
 //! - [`stored`]: how an f32 value is stored (`f32`, `bf16`, `f16`), widened exactly.
 //! - [`simd`]: vectorized element-wise math and row reductions.
@@ -24,6 +25,8 @@
 
 // Lowest first, as above (rustfmt.toml keeps the order).
 pub mod cpu;
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 pub mod quant;
 pub mod stored;
 pub mod simd;

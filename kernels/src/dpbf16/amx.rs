@@ -5,9 +5,8 @@
 //! 32. The same products of the same rounded inputs as the `vdpbf16ps` kernel, summed in
 //! the tile unit's order: a row's result depends only on that row and the weight.
 //!
-//! Rust has no stable AMX intrinsics, so the tile products are inline assembly: one block
-//! loads the configuration, one runs a whole sum and stores it, one releases the tiles.
-//! No other code touches the tile registers.
+//! The tile products are one block of inline assembly (see [`crate::amx`]): a whole sum
+//! and its stores.
 
 use std::arch::asm;
 use std::ops::Range;
@@ -16,7 +15,7 @@ use half::bf16;
 use rayon::prelude::*;
 
 use super::{NR, Panel, round_into};
-use crate::cpu::{self, Tier};
+use crate::amx::Tiles;
 use crate::team::OutPtr;
 
 /// Rows of a tile (prompt rows, or pairs of inputs), and inputs per tile product.
@@ -29,7 +28,7 @@ const GROUP: usize = 8 * NR;
 
 /// Whether [`super::linear_rows`] runs here.
 pub(super) fn runs() -> bool {
-    super::runs() && cpu::tier() >= Tier::Amx
+    super::runs() && crate::amx::runs()
 }
 
 /// See [`super::linear_rows`]; `x` and `weight` whole rows of `d_in`, neither empty.
@@ -61,7 +60,8 @@ pub(super) fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
                     Panel::new(weight, d_in, panel_columns, steps * STEP / 2)
                 })
                 .collect();
-            let _tiles = Tiles::configure();
+            // Sums in tiles 0-3, the prompt's rows in 4-5, the panels' in 6-7.
+            let _tiles = Tiles::configure([(TILE_ROWS as u8, 64); 8]);
             for block in (0..rows).step_by(2 * TILE_ROWS) {
                 let a = rounded[block * width..].as_ptr();
                 for pair in panels.chunks(2) {
@@ -136,42 +136,13 @@ impl Sums {
     }
 }
 
-/// The calling thread's tiles configured as the kernel uses them (all eight: sixteen rows
-/// of 64 bytes), released when dropped (a released thread's tile state costs nothing to
-/// save on a context switch).
-struct Tiles;
-
-impl Tiles {
-    fn configure() -> Self {
-        /// Palette 1; each tile's bytes a row at 16 + 2 t, its rows at 48 + t.
-        #[repr(C, align(64))]
-        struct Config([u8; 64]);
-        let mut config = Config([0; 64]);
-        config.0[0] = 1;
-        for t in 0..8 {
-            config.0[16 + 2 * t] = 64;
-            config.0[48 + t] = TILE_ROWS as u8;
-        }
-        // SAFETY: the AMX tier (every caller's `runs`); the configuration is 64 bytes.
-        unsafe { asm!("ldtilecfg [{}]", in(reg) config.0.as_ptr(), options(nostack)) };
-        Tiles
-    }
-}
-
-impl Drop for Tiles {
-    fn drop(&mut self) {
-        // SAFETY: the tiles were configured by `configure`.
-        unsafe { asm!("tilerelease", options(nostack, nomem)) };
-    }
-}
-
 /// Two tiles of prompt rows (`a`, rows `a_stride` bytes apart, the second tile sixteen
 /// rows on) times two panels (`b`, 1 KiB a step), over `steps` steps of 32 inputs: four
 /// tiles of sums, stored at `c` (rows of tile 0 and 1 are panels 0 and 1 of the first
 /// sixteen prompt rows, tiles 2 and 3 of the next), rows `c_stride` bytes apart.
 ///
 /// # Safety
-/// The AMX tier, tiles configured by [`Tiles::configure`]; `steps` ≥ 1; the reads and
+/// The AMX tier, tiles configured as `linear_rows` does; `steps` ≥ 1; the reads and
 /// writes described lie in memory this call may use.
 unsafe fn products(
     a: *const bf16,

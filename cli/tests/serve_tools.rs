@@ -507,6 +507,17 @@ fn a_conversation_with_tool_results_is_answered() {
     let empty = json!([question, {"role": "assistant", "content": null, "tool_calls": []},
                        {"role": "user", "content": "Well?"}]);
     post_ok(&server, &body(empty, "auto"));
+    // Empty arguments (as clients send a call to a tool without parameters) are no
+    // arguments, as vLLM reads them: the prompt of `{}` (issue 42).
+    let prompt = |arguments: &str| {
+        let v = post_ok(
+            &server,
+            &body(json!([question, call(arguments), result]), "none"),
+        );
+        v["usage"]["prompt_tokens"].as_u64().unwrap()
+    };
+    assert_eq!(prompt(""), prompt("{}"));
+    assert_eq!(prompt(" "), prompt("{}"));
     // Broken: arguments that are not JSON; a result without its call's id.
     for messages in [
         json!([question, call(r#"{"location": {"city": "Paris"#), result]),

@@ -291,6 +291,8 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed> {
         let value = cur
             .value(type_id, 0)
             .with_context(|| format!("metadata {key}"))?;
+        // As ggml's reader: a second value for a key is an error, not the one that counts.
+        ensure!(!metadata.contains_key(&key), "duplicate metadata key {key}");
         metadata.insert(key, value);
     }
     let alignment = match metadata.get("general.alignment") {

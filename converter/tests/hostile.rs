@@ -1,6 +1,7 @@
-//! The hostile-input corpus, round 2 (issue 15): for each class of input an adversarial
-//! pass found to panic, abort, hang, exhaust memory, read outside the artifact, or leave a
-//! stale artifact that verifies, at least three cases through the real binaries.
+//! The hostile-input corpus, round 2 (issue 15; classes 14 on are round 4's, issue 42):
+//! for each class of input an adversarial pass found to panic, abort, hang, exhaust memory,
+//! read outside the artifact, leave a stale artifact that verifies, or be read as something
+//! it is not, at least three cases through the real binaries.
 //!
 //! Every case runs `converter` or `runtime` with its address space capped (a parser that
 //! believes a number in a file is stopped), a time limit (a hang fails the case instead of
@@ -853,7 +854,93 @@ const CASES: &[Case] = &[
         },
         expect: Expect::Error("--threads"),
     },
+    // Round 4 (issue 42).
+    // 14. A GGUF metadata key given twice: ggml's reader refuses it; the last value won.
+    Case {
+        class: 14,
+        name: "gguf: general.architecture given twice",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf().str("general.architecture", "llama").build();
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("duplicate metadata key general.architecture"),
+    },
+    Case {
+        class: 14,
+        name: "gguf: a hyperparameter given twice with two values",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf().u32("llama.context_length", 8).build();
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("duplicate metadata key llama.context_length"),
+    },
+    Case {
+        class: 14,
+        name: "gguf: a tokenizer key given twice",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf().strings("tokenizer.ggml.merges", &[]).build();
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("duplicate metadata key tokenizer.ggml.merges"),
+    },
+    // 15. A layer count past what the file holds: per-layer lists (Gemma 3's layer kinds,
+    // SmolLM3's NoPE layers) were built for it, a terabyte for a 5 KB file.
+    Case {
+        class: 15,
+        name: "gguf: gemma3 with 2^32 - 1 layers in two tensors",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf_as("gemma3", u32::MAX);
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("gemma3.block_count is 4294967295, but the file holds 2 tensors"),
+    },
+    Case {
+        class: 15,
+        name: "gguf: smollm3 with 2^27 layers",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf_as("smollm3", 1 << 27);
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("smollm3.block_count is 134217728, but the file holds 2 tensors"),
+    },
+    Case {
+        class: 15,
+        name: "gguf: llama with no layers",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf_as("llama", 0);
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("llama.block_count is 0"),
+    },
 ];
+
+/// [`tiny_gguf`]'s tensors and hyperparameters for `arch` (under its own key prefix), with
+/// `layers` layers claimed.
+fn tiny_gguf_as(arch: &str, layers: u32) -> Vec<u8> {
+    let key = |name: &str| format!("{arch}.{name}");
+    GgufBuilder::new()
+        .str("general.architecture", arch)
+        .u32(&key("block_count"), layers)
+        .u32(&key("context_length"), 16)
+        .u32(&key("embedding_length"), 4)
+        .u32(&key("feed_forward_length"), 8)
+        .u32(&key("attention.head_count"), 1)
+        .u32(&key("attention.head_count_kv"), 1)
+        .f32(&key("attention.layer_norm_rms_epsilon"), 1e-5)
+        .str("tokenizer.ggml.model", "gpt2")
+        .str("tokenizer.ggml.pre", "smollm")
+        .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
+        .strings("tokenizer.ggml.merges", &["a b"])
+        .tensor("token_embd.weight", &[4, 3], 0, &tiny_embedding())
+        .tensor("blk.0.attn_q.weight", &[32, 4], 8, &tiny_q8())
+        .build()
+}
 
 fn edit_manifest(out: &Path, edit: impl FnOnce(&mut serde_json::Value)) {
     let path = out.join("manifest.json");

@@ -243,8 +243,11 @@ fn tools(fields: &mut Map<String, Value>) -> Result<Option<Tools>, ApiError> {
             return Err(invalid(format!("two tools are named {name:?}")));
         }
         // Arguments are an object: a schema that does not say so (`{}`) is taken as one.
+        // No `parameters` is OpenAI's "empty parameter list": `{}` and nothing else.
         let parameters = match function.get("parameters") {
-            None => serde_json::json!({"type": "object", "properties": {}}),
+            None => serde_json::json!({
+                "type": "object", "properties": {}, "additionalProperties": false
+            }),
             Some(Value::Object(schema)) => match schema.get("type") {
                 None => {
                     let mut schema = schema.clone();
@@ -659,13 +662,19 @@ fn message(message: ChatMessage) -> Result<Message, ApiError> {
         ("assistant", Some(calls)) => Some(
             (calls.into_iter())
                 .map(|call| {
-                    let arguments =
-                        serde_json::from_str(&call.function.arguments).map_err(|e| {
+                    // Empty arguments are no arguments, as vLLM reads them (clients send
+                    // "" for a call to a tool without parameters).
+                    let text = call.function.arguments.trim();
+                    let arguments = if text.is_empty() {
+                        serde_json::json!({})
+                    } else {
+                        serde_json::from_str(text).map_err(|e| {
                             invalid(format!(
                                 "the arguments of tool call {:?} are not JSON: {e}",
                                 call.id
                             ))
-                        })?;
+                        })?
+                    };
                     Ok(ToolCall {
                         id: call.id,
                         kind: "function".into(),
@@ -876,7 +885,11 @@ mod tests {
         let auto = read("").unwrap();
         assert_eq!((auto.choice, auto.parallel), (ToolChoice::Auto, true));
         assert_eq!(auto.functions[1].name, "g-2");
-        assert_eq!(auto.functions[1].parameters["type"], "object");
+        assert_eq!(
+            auto.functions[1].parameters,
+            serde_json::json!({"type": "object", "properties": {}, "additionalProperties": false}),
+            "no parameters: an empty list (issue 42)"
+        );
         assert_eq!(auto.offered.len(), 2);
         assert_eq!(
             read(r#","tool_choice":"none""#).unwrap().choice,
@@ -944,6 +957,14 @@ mod tests {
         assert_eq!(calls[0].function.arguments, serde_json::json!({"x": 1}));
         assert_eq!(messages[1].content.as_deref(), Some(""));
         assert_eq!(messages[2].tool_call_id.as_deref(), Some("c1"));
+        // Empty arguments are none (vLLM's reading).
+        let empty = r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":""}}]}]}"#;
+        let request = chat(empty.as_bytes()).unwrap();
+        let [Prompt::Chat(messages)] = &request.prompts[..] else {
+            panic!("a chat prompt")
+        };
+        let calls = messages[0].tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0].function.arguments, serde_json::json!({}));
         let broken = r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{x"}}]}]}"#;
         assert!(chat_error(broken).contains("not JSON"));
     }

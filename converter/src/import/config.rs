@@ -190,6 +190,14 @@ impl Hyperparams {
             }
         };
         let layers = gguf.u64(&key("block_count"))?;
+        // Every layer has tensors of its own: a count past the file's tensors is corrupt,
+        // and refusing it here keeps the per-layer lists below within the file's size.
+        ensure!(
+            (1..=gguf.tensors.len() as u64).contains(&layers),
+            "GGUF metadata {} is {layers}, but the file holds {} tensors",
+            key("block_count"),
+            gguf.tensors.len()
+        );
         let key_length = optional("attention.key_length")
             .and_then(Value::as_u64)
             .unwrap_or(hidden / n_heads.max(1));

@@ -27,8 +27,11 @@
 //!   Control tokens' text in the input (`<s>`) is the control token, as llama.cpp reads it
 //!   with special tokens parsed (llama-server's rendered chats, the runtime's); llama.cpp's
 //!   `special = false` reads it as text (the only other difference found). A normal token
-//!   joining a character of several bytes that has no token of its own is refused: llama.cpp
-//!   merges it, BPE's byte fallback leaves it bytes no merge joins.
+//!   joining a character that has no token of its own is refused: llama.cpp merges it, BPE's
+//!   byte fallback leaves it bytes, and a merge of byte tokens would name a token
+//!   (`<0x20><0x20>`) the vocabulary lacks, which `tokenizers` refuses to load. User-defined
+//!   tokens (Gemma 3's runs of raw spaces) are split out of the text whole, as llama.cpp
+//!   does, so they need no merges.
 
 use anyhow::{Context, Result, bail, ensure};
 use serde_json::{Value as Json, json};
@@ -308,29 +311,16 @@ impl TokenizerSpec {
     }
 
     /// One merge for every way of writing a token as two tokens, best score first (ties: by
-    /// token id, then the shorter left part). A character with no token of its own is the
-    /// byte token it falls back to (Gemma's tab); one of several bytes would be several
-    /// symbols, which no merge joins, so a normal token holding one is refused.
+    /// token id, then the shorter left part). A character with no token of its own falls
+    /// back to bytes, which no merge can join into a token (`tokenizers` names a merge's
+    /// result by its parts' names), so a normal token joining one is refused; other tokens
+    /// are split out whole (`added_tokens`) and need no merges.
     fn sentencepiece_merges(&self, scores: &[f32]) -> Result<Vec<[&str; 2]>> {
         let ids: std::collections::HashMap<&str, usize> = (self.tokens.iter())
             .enumerate()
             .map(|(id, t)| (t.as_str(), id))
             .collect();
-        let byte_token = |part: &str| {
-            let mut chars = part.chars();
-            match (chars.next(), chars.next()) {
-                (Some(c), None) if c.len_utf8() == 1 => {
-                    let name = format!("<0x{:02X}>", c as u32);
-                    ids.get_key_value(name.as_str()).map(|(k, _)| *k)
-                }
-                _ => None,
-            }
-        };
-        let part = |part: &'_ str| -> Option<&str> {
-            ids.get_key_value(part)
-                .map(|(k, _)| *k)
-                .or_else(|| byte_token(part))
-        };
+        let part = |part: &'_ str| -> Option<&str> { ids.get_key_value(part).map(|(k, _)| *k) };
         let mut merges: Vec<(f32, usize, usize, [&str; 2])> = Vec::new();
         for (id, token) in self.tokens.iter().enumerate() {
             for (at, _) in token.char_indices().skip(1) {
@@ -349,8 +339,8 @@ impl TokenizerSpec {
                             let missing = if l.is_none() { left } else { right };
                             bail!(
                                 "unsupported SentencePiece vocabulary: its token {token:?} joins \
-                                 {missing:?}, a character it has no token for (nor one byte \
-                                 token), which llama.cpp merges and a tokenizer.json cannot"
+                                 {missing:?}, a character it has no token for, which llama.cpp \
+                                 merges and a tokenizer.json cannot"
                             );
                         }
                     }
@@ -489,34 +479,57 @@ mod tests {
         }
     }
 
-    /// Every split of every token into two tokens, best score first; a character without a
-    /// token stands for its byte token.
+    /// Every split of every token into two tokens, best score first.
     #[test]
     fn sentencepiece_merges_by_score() {
-        let scores = [0.0, -1.0, -2.0, -3.0, -6.0, -5.0, -4.0, -7.0, -8.0];
-        let tok = spec(
-            &["<0x09>", "a", "b", "c", "ab", "bc", "abc", "\t\t", "a\t"],
-            &scores,
-        );
+        let scores = [0.0, -1.0, -2.0, -3.0, -6.0, -5.0, -4.0];
+        let tok = spec(&["<0x09>", "a", "b", "c", "ab", "bc", "abc"], &scores);
         let merges = tok.sentencepiece_merges(&scores);
-        let expected = [
-            ["a", "bc"],
-            ["ab", "c"],
-            ["b", "c"],
-            ["a", "b"],
-            ["<0x09>", "<0x09>"],
-            ["a", "<0x09>"],
-        ];
+        let expected = [["a", "bc"], ["ab", "c"], ["b", "c"], ["a", "b"]];
         assert_eq!(merges.unwrap(), expected);
     }
 
-    /// A token joining a character of several bytes that has no token: llama.cpp merges it
-    /// (its symbols are characters), BPE's byte fallback would leave bytes.
+    /// A normal token joining a character that has no token, of one byte or several:
+    /// llama.cpp merges it (its symbols are characters), BPE's byte fallback would leave
+    /// bytes.
     #[test]
     fn sentencepiece_token_over_a_missing_character_is_refused() {
-        let tok = spec(&["a", "aé"], &[-1.0, -2.0]);
-        let error = tok.sentencepiece_merges(&[-1.0, -2.0]).unwrap_err();
-        assert!(error.to_string().contains("\"aé\" joins \"é\""), "{error}");
+        for (tokens, joins) in [
+            (&["a", "aé"][..], "\"aé\" joins \"é\""),
+            (&["<0x09>", "a", "a\t"], "\"a\\t\" joins \"\\t\""),
+        ] {
+            let scores: Vec<f32> = (0..tokens.len()).map(|i| -(i as f32)).collect();
+            let tok = spec(tokens, &scores);
+            let error = tok.sentencepiece_merges(&scores).unwrap_err();
+            assert!(error.to_string().contains(joins), "{error}");
+        }
+    }
+
+    /// User-defined tokens over characters without tokens of their own (Gemma 3's runs of
+    /// raw spaces, beside its byte tokens) get no merges: the tokenizer.json loads (a merge
+    /// of `<0x20>` and `<0x20>` names a token the vocabulary lacks), and matches them whole,
+    /// as llama.cpp does.
+    #[test]
+    fn user_defined_tokens_over_byte_characters_load_and_match_whole() {
+        let tokens = ["<unk>", "<0x20>", "a", "\u{2581}", "  ", "   ", "a\u{2581}"];
+        let mut tok = spec(&tokens, &[0.0, 0.0, -1.0, -2.0, 0.0, 0.0, -3.0]);
+        tok.types[0] = TOKEN_TYPE_UNKNOWN;
+        tok.types[1] = 6;
+        tok.types[4] = TOKEN_TYPE_USER_DEFINED;
+        tok.types[5] = TOKEN_TYPE_USER_DEFINED;
+        tok.unk = Some(0);
+        tok.model = Model::SentencePiece {
+            scores: vec![0.0, 0.0, -1.0, -2.0, 0.0, 0.0, -3.0],
+            add_space_prefix: false,
+        };
+        let json = tok.tokenizer_json().unwrap().to_string();
+        let tokenizer = tokenizers::Tokenizer::from_bytes(json).unwrap();
+        let ids = tokenizer
+            .encode("a     a", false)
+            .unwrap()
+            .get_ids()
+            .to_vec();
+        assert_eq!(ids, [2, 5, 4, 2]);
     }
 
     /// The fixture's vocabulary as Gemma's is written (`add_space_prefix` false, no BOS):

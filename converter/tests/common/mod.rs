@@ -322,17 +322,26 @@ pub fn tiny_gguf() -> GgufBuilder {
 
 /// [`tiny_gguf`] with another architecture, tokenizer model or pre-tokenizer.
 pub fn tiny_gguf_with(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
-    let embed: Vec<u8> = (0..12)
+    tiny_gguf_metadata(arch, tokenizer, pre)
+        .tensor("token_embd.weight", &[4, 3], 0, &tiny_embedding())
+        .tensor("blk.0.attn_q.weight", &[32, 4], 8, &tiny_q8())
+}
+
+/// [`tiny_gguf`]'s F32 embedding's bytes.
+pub fn tiny_embedding() -> Vec<u8> {
+    (0..12)
         .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
-        .collect();
+        .collect()
+}
+
+/// [`tiny_gguf`]'s Q8_0 projection's bytes.
+pub fn tiny_q8() -> Vec<u8> {
     let mut q8 = Vec::new();
     for row in 0..4u8 {
         q8.extend(f16::from_f32(0.5).to_le_bytes());
         q8.extend((0..32u8).map(|c| row * 10 + c));
     }
-    tiny_gguf_metadata(arch, tokenizer, pre)
-        .tensor("token_embd.weight", &[4, 3], 0, &embed)
-        .tensor("blk.0.attn_q.weight", &[32, 4], 8, &q8)
+    q8
 }
 
 /// [`tiny_gguf_with`]'s metadata, no tensors.

@@ -293,6 +293,13 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed> {
             .with_context(|| format!("metadata {key}"))?;
         // As ggml's reader: a second value for a key is an error, not the one that counts.
         ensure!(!metadata.contains_key(&key), "duplicate metadata key {key}");
+        // A hyperparameter that is NaN or infinite has no meaning (config.json would say
+        // `null` and a default would stand in); arrays (a vocabulary's scores) may hold
+        // -inf and are checked where they are used.
+        if let Value::F32(_) | Value::F64(_) = value {
+            let v = value.as_f64().unwrap_or(f64::NAN);
+            ensure!(v.is_finite(), "metadata {key} is {v}, not a finite number");
+        }
         metadata.insert(key, value);
     }
     let alignment = match metadata.get("general.alignment") {

@@ -893,7 +893,7 @@ const CASES: &[Case] = &[
         name: "gguf: gemma3 with 2^32 - 1 layers in two tensors",
         bin: Bin::Converter,
         setup: |d| {
-            let bytes = tiny_gguf_as("gemma3", u32::MAX);
+            let bytes = tiny_gguf_as("gemma3", u32::MAX).build();
             args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
         },
         expect: Expect::Error("gemma3.block_count is 4294967295, but the file holds 2 tensors"),
@@ -903,7 +903,7 @@ const CASES: &[Case] = &[
         name: "gguf: smollm3 with 2^27 layers",
         bin: Bin::Converter,
         setup: |d| {
-            let bytes = tiny_gguf_as("smollm3", 1 << 27);
+            let bytes = tiny_gguf_as("smollm3", 1 << 27).build();
             args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
         },
         expect: Expect::Error("smollm3.block_count is 134217728, but the file holds 2 tensors"),
@@ -913,16 +913,147 @@ const CASES: &[Case] = &[
         name: "gguf: llama with no layers",
         bin: Bin::Converter,
         setup: |d| {
-            let bytes = tiny_gguf_as("llama", 0);
+            let bytes = tiny_gguf_as("llama", 0).build();
             args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
         },
         expect: Expect::Error("llama.block_count is 0"),
     },
+    // 16. GGUF metadata NaN or infinite: written as `null` in config.json, then replaced by
+    // a default.
+    Case {
+        class: 16,
+        name: "gguf: rope.freq_base infinite",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf()
+                .f32("llama.rope.freq_base", f32::INFINITY)
+                .build();
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("metadata llama.rope.freq_base is inf, not a finite number"),
+    },
+    Case {
+        class: 16,
+        name: "gguf: gemma3 rope.freq_base_swa NaN",
+        bin: Bin::Converter,
+        setup: |d| {
+            let gguf = tiny_gguf_as("gemma3", 1).f32("gemma3.rope.freq_base_swa", f32::NAN);
+            args(&[&"import-gguf", &gguf_path(d, gguf.build()), &d.join("out")])
+        },
+        expect: Expect::Error("metadata gemma3.rope.freq_base_swa is NaN"),
+    },
+    Case {
+        class: 16,
+        name: "gguf: an f64 RoPE scaling factor of -inf",
+        bin: Bin::Converter,
+        setup: |d| {
+            let bytes = tiny_gguf()
+                .raw(
+                    "llama.rope.scaling.factor",
+                    12,
+                    &f64::NEG_INFINITY.to_le_bytes(),
+                )
+                .build();
+            args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
+        },
+        expect: Expect::Error("metadata llama.rope.scaling.factor is -inf"),
+    },
+    // 17. Logits that are not finite (here from a RoPE factor that is 0 as an f32, which
+    // class 1 of the issue will refuse earlier): generation and perplexity end with an
+    // error; they picked token 0 forever and printed `perplexity NaN`, exit 0.
+    Case {
+        class: 17,
+        name: "a prompt whose logits are NaN",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact_with_tiny_rope_factor(d);
+            runtime_args(&out, &[&"--prompt", &"t1 t2", &"--max-new-tokens", &"4"])
+        },
+        expect: Expect::Error("logits at position 2 are not finite"),
+    },
+    Case {
+        class: 17,
+        name: "perplexity over NaN logits",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact_with_tiny_rope_factor(d);
+            let text = d.join("text.txt");
+            std::fs::write(&text, "t1 t2 t3 t1").unwrap();
+            args(&[&"perplexity", &"--file", &text, &"--artifacts", &out])
+        },
+        expect: Expect::Error("are not finite"),
+    },
+    Case {
+        class: 17,
+        name: "a chat turn over NaN logits",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact_with_tiny_rope_factor(d);
+            replace_in_artifact(
+                &out,
+                "tokenizer_config.json",
+                &tokenizer_config_with_template("{{ messages[0]['content'] }}"),
+            );
+            runtime_args(
+                &out,
+                &[&"--chat", &"--prompt", &"t1", &"--max-new-tokens", &"2"],
+            )
+        },
+        expect: Expect::Error("are not finite"),
+    },
+    // 18. Grammar errors kept only their first line ("regex parse error:"), and printed
+    // it twice.
+    Case {
+        class: 18,
+        name: "a Lark grammar with an unclosed group in a regex",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let grammar = d.join("g.lark");
+            std::fs::write(&grammar, "start: /a(b/\n").unwrap();
+            runtime_args(&out, &[&"--prompt", &"t1", &"--grammar", &grammar])
+        },
+        expect: Expect::Error("regex parse error: unclosed group\n"),
+    },
+    Case {
+        class: 18,
+        name: "a JSON Schema pattern with an unclosed group",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let schema = d.join("s.json");
+            std::fs::write(&schema, r#"{"type": "string", "pattern": "a(b"}"#).unwrap();
+            runtime_args(&out, &[&"--prompt", &"t1", &"--json-schema", &schema])
+        },
+        expect: Expect::Error("error: grammar: regex parse error: unclosed group in /a(b/\n"),
+    },
+    Case {
+        class: 18,
+        name: "a Lark grammar naming an undefined rule",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let grammar = d.join("g.lark");
+            std::fs::write(&grammar, "start: foo\n").unwrap();
+            runtime_args(&out, &[&"--prompt", &"t1", &"--grammar", &grammar])
+        },
+        expect: Expect::Error("unknown name: \"foo\"\n"),
+    },
 ];
+
+/// The tiny checkpoint's artifact, its config.json then given a linear RoPE factor of
+/// 1e-50, which is 0 as an f32: every rotation divides by it.
+fn artifact_with_tiny_rope_factor(d: &Path) -> PathBuf {
+    let out = artifact(d);
+    let mut config = config_json(true);
+    config["rope_scaling"] = json!({"rope_type": "linear", "factor": 1e-50});
+    replace_in_artifact(&out, "config.json", &serde_json::to_vec(&config).unwrap());
+    out
+}
 
 /// [`tiny_gguf`]'s tensors and hyperparameters for `arch` (under its own key prefix), with
 /// `layers` layers claimed.
-fn tiny_gguf_as(arch: &str, layers: u32) -> Vec<u8> {
+fn tiny_gguf_as(arch: &str, layers: u32) -> GgufBuilder {
     let key = |name: &str| format!("{arch}.{name}");
     GgufBuilder::new()
         .str("general.architecture", arch)
@@ -939,7 +1070,6 @@ fn tiny_gguf_as(arch: &str, layers: u32) -> Vec<u8> {
         .strings("tokenizer.ggml.merges", &["a b"])
         .tensor("token_embd.weight", &[4, 3], 0, &tiny_embedding())
         .tensor("blk.0.attn_q.weight", &[32, 4], 8, &tiny_q8())
-        .build()
 }
 
 fn edit_manifest(out: &Path, edit: impl FnOnce(&mut serde_json::Value)) {

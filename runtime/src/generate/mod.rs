@@ -70,8 +70,33 @@ pub enum GenerateError {
     NotPrefilled,
     #[error("a sequence forks or takes a grammar only before its first token")]
     Started,
+    /// Not the error's source as well: a chain would print the message twice.
     #[error("grammar: {0}")]
-    Grammar(#[from] GrammarError),
+    Grammar(GrammarError),
+    #[error(
+        "the model's logits at position {position} are not finite (NaN or infinite): its weights or configuration are broken"
+    )]
+    NonFiniteLogits { position: usize },
+}
+
+impl From<GrammarError> for GenerateError {
+    fn from(e: GrammarError) -> Self {
+        GenerateError::Grammar(e)
+    }
+}
+
+/// Refuses logits that are not all finite: a broken model (a NaN weight, a scale that
+/// overflowed) would otherwise pick or score from garbage and end as if nothing were
+/// wrong. `position` names the token position for the error.
+pub(crate) fn check_finite(logits: &[f32], position: usize) -> Result<(), GenerateError> {
+    // A sum is NaN if any value is NaN or infinite (inf - inf, or inf itself): one pass
+    // the compiler vectorizes, where `any` would test value by value.
+    let sum: f32 = logits.iter().map(|&l| l * 0.0).sum();
+    if sum == 0.0 {
+        Ok(())
+    } else {
+        Err(GenerateError::NonFiniteLogits { position })
+    }
 }
 
 /// Why generation ended.

@@ -57,6 +57,7 @@ impl<B: KernelBackend> Generator<B> {
         for chunk in ids.chunks(chunk.max(1)) {
             let logits = self.forward_logits(chunk, &mut cache, true)?;
             for row in logits.chunks_exact(vocab) {
+                super::check_finite(row, position)?;
                 each(row);
                 if let Some(&target) = ids.get(position + 1) {
                     nll += negative_log_likelihood(row, target as usize);

@@ -175,6 +175,7 @@ pub(super) struct Picked {
 impl Picker<'_> {
     /// Biases, penalties, the grammar's mask, then the draw ([`Sampler::sample_masked`]).
     pub(super) fn pick(&mut self) -> Result<Picked, GenerateError> {
+        super::check_finite(self.logits, self.history.len())?;
         // The sampler changes the logits in place; log-probabilities are the model's.
         let raw = self.keep_raw.then(|| self.logits.clone());
         let mut masked = Ok(());

@@ -72,10 +72,27 @@ impl Grammar {
 pub struct GrammarError(pub String);
 
 impl GrammarError {
-    /// llguidance's message, its first line (a dump of the parser's state follows).
+    /// llguidance's message on one line: its first line, then the detail of each `error:`
+    /// line after it (a regex's "unclosed group"), and the regex a parse error is about;
+    /// the excerpts with carets under them are left out.
     fn from(e: impl std::fmt::Display) -> Self {
         let message = e.to_string();
-        GrammarError(message.lines().next().unwrap_or_default().to_string())
+        let mut lines = message.lines();
+        let mut text = lines.next().unwrap_or_default().trim().to_string();
+        let regex_error = text.ends_with("regex parse error:");
+        let mut regex = None;
+        for line in lines {
+            let line = line.trim();
+            if let Some(detail) = line.strip_prefix("error: ") {
+                text = format!("{}: {detail}", text.trim_end_matches(':'));
+            } else if regex_error && regex.is_none() && !line.is_empty() {
+                regex = Some(line.to_string());
+            }
+        }
+        match regex {
+            Some(regex) if !text.contains(&regex) => GrammarError(format!("{text} in /{regex}/")),
+            _ => GrammarError(text),
+        }
     }
 }
 
@@ -195,5 +212,33 @@ impl TokenizerEnv for Vocabulary {
             (self.tokenizer.encode_rendered(text))
                 .unwrap_or_else(|_| self.trie.greedy_tokenize(text.as_bytes()))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::GrammarError;
+
+    /// llguidance's messages (as it wrote them for these grammars) on one line, with the
+    /// detail after their first line kept and the excerpts left out.
+    #[test]
+    fn grammar_errors_keep_their_detail_on_one_line() {
+        for (raw, expected) in [
+            (
+                "at 1(8): invalid regex \"a(b\" (in regex): regex parse error:\n    a(b\n     ^\nerror: unclosed group\n   1 | start: /a(b/\n              ^\n",
+                "at 1(8): invalid regex \"a(b\" (in regex): regex parse error: unclosed group",
+            ),
+            (
+                "at 1(8): unknown name: \"foo\"\n   1 | start: foo\n              ^\n",
+                "at 1(8): unknown name: \"foo\"",
+            ),
+            (
+                "regex parse error:\n    a(b\n     ^\nerror: unclosed group",
+                "regex parse error: unclosed group in /a(b/",
+            ),
+            ("one line", "one line"),
+        ] {
+            assert_eq!(GrammarError::from(raw).0, expected);
+        }
     }
 }

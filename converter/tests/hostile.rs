@@ -18,6 +18,7 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use runtime::text::chat::cap_address_space;
+use safetensors::Dtype;
 use serde_json::json;
 
 /// Address-space cap: the inputs are a few KB; a real mistake asks for gigabytes.
@@ -958,15 +959,15 @@ const CASES: &[Case] = &[
         },
         expect: Expect::Error("metadata llama.rope.scaling.factor is -inf"),
     },
-    // 17. Logits that are not finite (here from a RoPE factor that is 0 as an f32, which
-    // class 1 of the issue will refuse earlier): generation and perplexity end with an
-    // error; they picked token 0 forever and printed `perplexity NaN`, exit 0.
+    // 17. Logits that are not finite (here from weights near 1e15, finite, whose products
+    // overflow): generation and perplexity end with an error; they picked token 0 forever
+    // and printed `perplexity NaN`, exit 0.
     Case {
         class: 17,
         name: "a prompt whose logits are NaN",
         bin: Bin::Runtime,
         setup: |d| {
-            let out = artifact_with_tiny_rope_factor(d);
+            let out = artifact_with_huge_weights(d);
             runtime_args(&out, &[&"--prompt", &"t1 t2", &"--max-new-tokens", &"4"])
         },
         expect: Expect::Error("logits at position 2 are not finite"),
@@ -976,7 +977,7 @@ const CASES: &[Case] = &[
         name: "perplexity over NaN logits",
         bin: Bin::Runtime,
         setup: |d| {
-            let out = artifact_with_tiny_rope_factor(d);
+            let out = artifact_with_huge_weights(d);
             let text = d.join("text.txt");
             std::fs::write(&text, "t1 t2 t3 t1").unwrap();
             args(&[&"perplexity", &"--file", &text, &"--artifacts", &out])
@@ -988,7 +989,7 @@ const CASES: &[Case] = &[
         name: "a chat turn over NaN logits",
         bin: Bin::Runtime,
         setup: |d| {
-            let out = artifact_with_tiny_rope_factor(d);
+            let out = artifact_with_huge_weights(d);
             replace_in_artifact(
                 &out,
                 "tokenizer_config.json",
@@ -1000,6 +1001,70 @@ const CASES: &[Case] = &[
             )
         },
         expect: Expect::Error("are not finite"),
+    },
+    // 19. Config values fine as f64 that are 0 or infinite as the f32 the model uses
+    // (issue 42's class 1): the model generated token 0 forever.
+    Case {
+        class: 19,
+        name: "a linear RoPE factor of 1e-50",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| {
+                c["rope_scaling"] = json!({"rope_type": "linear", "factor": 1e-50})
+            });
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("not finite and positive as f32"),
+    },
+    Case {
+        class: 19,
+        name: "a llama3 RoPE factor of 1e-50",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| {
+                c["rope_scaling"] = json!({"rope_type": "llama3", "factor": 1e-50,
+                    "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                    "original_max_position_embeddings": 32})
+            });
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("not finite and positive as f32"),
+    },
+    Case {
+        class: 19,
+        name: "a yarn attention_factor of 1e300",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| {
+                c["rope_scaling"] = json!({"rope_type": "yarn", "factor": 2.0,
+                    "attention_factor": 1e300, "original_max_position_embeddings": 32})
+            });
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("not finite and positive as f32"),
+    },
+    Case {
+        class: 19,
+        name: "an artifact's config.json edited to a RoPE factor of 1e-50",
+        bin: Bin::Runtime,
+        setup: |d| {
+            let out = artifact(d);
+            let mut config = config_json(true);
+            config["rope_scaling"] = json!({"rope_type": "linear", "factor": 1e-50});
+            replace_in_artifact(&out, "config.json", &serde_json::to_vec(&config).unwrap());
+            runtime_args(&out, &[&"--prompt", &"t1"])
+        },
+        expect: Expect::Error("not finite and positive as f32"),
+    },
+    Case {
+        class: 19,
+        name: "rms_norm_eps 1e-50",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| c["rms_norm_eps"] = json!(1e-50));
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("rms_norm_eps 1e-50 is 0 as an f32"),
     },
     // 18. Grammar errors kept only their first line ("regex parse error:"), and printed
     // it twice.
@@ -1041,13 +1106,23 @@ const CASES: &[Case] = &[
     },
 ];
 
-/// The tiny checkpoint's artifact, its config.json then given a linear RoPE factor of
-/// 1e-50, which is 0 as an f32: every rotation divides by it.
-fn artifact_with_tiny_rope_factor(d: &Path) -> PathBuf {
-    let out = artifact(d);
-    let mut config = config_json(true);
-    config["rope_scaling"] = json!({"rope_type": "linear", "factor": 1e-50});
-    replace_in_artifact(&out, "config.json", &serde_json::to_vec(&config).unwrap());
+/// The tiny checkpoint with every weight times 1e15 (finite in bf16), converted: the
+/// attention's products overflow f32, so the logits are NaN.
+fn artifact_with_huge_weights(d: &Path) -> PathBuf {
+    let src = d.join("hf");
+    write_checkpoint(&src, TIED_BF16);
+    let tensors: Vec<RawTensor> = (tensor_shapes(true).into_iter())
+        .map(|(name, shape)| {
+            let huge: Vec<f32> = (values(&name, shape.iter().product(), Dtype::BF16).iter())
+                .map(|v| v * 1e15)
+                .collect();
+            (name, shape, encode(&huge, Dtype::BF16))
+        })
+        .collect();
+    write_safetensors(&src.join("model.safetensors"), &tensors, Dtype::BF16);
+    let out = d.join("out");
+    let run = converter(&[&"convert", &src, &out]);
+    assert!(run.success, "{}", run.stderr);
     out
 }
 

@@ -76,7 +76,7 @@ pub fn values(name: &str, numel: usize, dtype: Dtype) -> Vec<f32> {
         .collect()
 }
 
-fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
+pub fn encode(values: &[f32], dtype: Dtype) -> Vec<u8> {
     match dtype {
         Dtype::BF16 => values
             .iter()

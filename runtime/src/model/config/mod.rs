@@ -11,10 +11,12 @@ use kernels::layer::Activation;
 use crate::util::files::FileError;
 
 mod family;
+mod frequencies;
 mod hf;
 
 pub use family::Family;
 use family::{activation_named, gemma_full_attention_layers, layers_without_rope};
+pub use frequencies::rope_frequencies;
 pub use hf::{GenerationConfig, HfConfig, RopeField, RopeParameters, TokenIds};
 
 /// Largest config.json we read: real ones are a few KB.
@@ -505,15 +507,43 @@ impl LlamaConfig {
             }
             false => None,
         };
+        // Values are checked as the model uses them: as f32, and through what they make
+        // (a scale, the rotary tables' frequencies). 1e-300 is positive, its scale infinite.
+        let positive = |v: f32| v.is_finite() && v > 0.0;
         let score_scale = match hf.query_pre_attn_scalar.or(gemma.then_some(256.0)) {
-            Some(scalar) if scalar.is_finite() && scalar > 0.0 => {
+            Some(scalar) if positive(scalar.powf(-0.5) as f32) => {
                 Some(scalar.powf(-0.5) as f32).filter(|_| gemma)
             }
             Some(scalar) => {
-                return invalid(format!("query_pre_attn_scalar {scalar} must be positive"));
+                return invalid(format!(
+                    "query_pre_attn_scalar {scalar} must be positive, and its scale \
+                     ({scalar}^-0.5) finite as an f32"
+                ));
             }
             None => None,
         };
+        if !positive(rms_norm_eps as f32) {
+            return invalid(format!(
+                "rms_norm_eps {rms_norm_eps:e} is 0 as an f32 (at least 1.2e-38)"
+            ));
+        }
+        let rotations = [
+            (rope_theta, &rope_scaling, "rope_theta and rope_scaling"),
+            (
+                sliding_rope_theta.unwrap_or(rope_theta),
+                &RopeScaling::None,
+                "rope_local_base_freq",
+            ),
+        ];
+        for (theta, scaling, what) in rotations {
+            let (inv_freq, scale) = rope_frequencies(head_dim, theta, scaling);
+            if !(positive(scale) && inv_freq.iter().all(|&f| positive(f))) {
+                return invalid(format!(
+                    "{what} give RoPE frequencies or a scale that are not finite and \
+                     positive as f32 (a factor that is 0 or infinite as an f32?): {scaling:?}"
+                ));
+            }
+        }
         let layers_without_rope = match family {
             Family::SmolLM3 => layers_without_rope(hf)?,
             _ => Vec::new(),

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{GgufBuilder, tiny_gguf_with};
+use common::{GgufBuilder, tiny_gguf_with_tokens};
 
 /// GGUF value types (gguf.h).
 const BOOL: u32 = 7;
@@ -23,7 +23,7 @@ fn scores(gguf: GgufBuilder, values: &[f32]) -> GgufBuilder {
 /// The tiny GGUF with a SentencePiece vocabulary of `tokens` (three, as its embedding has
 /// rows).
 fn sentencepiece(tokens: &[&str]) -> GgufBuilder {
-    tiny_gguf_with("llama", "llama", "default").strings("tokenizer.ggml.tokens", tokens)
+    tiny_gguf_with_tokens("llama", "llama", "default", tokens)
 }
 
 fn assert_refused(bytes: Vec<u8>, expected: &str) {

@@ -322,7 +322,17 @@ pub fn tiny_gguf() -> GgufBuilder {
 
 /// [`tiny_gguf`] with another architecture, tokenizer model or pre-tokenizer.
 pub fn tiny_gguf_with(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
-    tiny_gguf_metadata(arch, tokenizer, pre)
+    tiny_gguf_with_tokens(arch, tokenizer, pre, &["a", "b", "ab"])
+}
+
+/// [`tiny_gguf_with`] with other tokens (three, as the embedding has rows).
+pub fn tiny_gguf_with_tokens(
+    arch: &str,
+    tokenizer: &str,
+    pre: &str,
+    tokens: &[&str],
+) -> GgufBuilder {
+    tiny_gguf_metadata_with_tokens(arch, tokenizer, pre, tokens)
         .tensor("token_embd.weight", &[4, 3], 0, &tiny_embedding())
         .tensor("blk.0.attn_q.weight", &[32, 4], 8, &tiny_q8())
 }
@@ -346,6 +356,16 @@ pub fn tiny_q8() -> Vec<u8> {
 
 /// [`tiny_gguf_with`]'s metadata, no tensors.
 pub fn tiny_gguf_metadata(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
+    tiny_gguf_metadata_with_tokens(arch, tokenizer, pre, &["a", "b", "ab"])
+}
+
+/// [`tiny_gguf_metadata`] with other tokens.
+pub fn tiny_gguf_metadata_with_tokens(
+    arch: &str,
+    tokenizer: &str,
+    pre: &str,
+    tokens: &[&str],
+) -> GgufBuilder {
     GgufBuilder::new()
         .str("general.architecture", arch)
         .u32("llama.block_count", 1)
@@ -357,7 +377,7 @@ pub fn tiny_gguf_metadata(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder
         .f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
         .str("tokenizer.ggml.model", tokenizer)
         .str("tokenizer.ggml.pre", pre)
-        .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
+        .strings("tokenizer.ggml.tokens", tokens)
         .strings("tokenizer.ggml.merges", &["a b"])
 }
 

@@ -82,6 +82,17 @@ fn cases() -> Vec<Case> {
             content: None,
             calls: vec![call("noop", "{}")],
         },
+        // Arguments as the model wrote them, the whitespace between tokens left out:
+        // numbers past f64's precision, exponents and escapes unchanged (issue 42).
+        Case {
+            format: Hermes,
+            text: "<tool_call>\n{\"name\": \"search\", \"arguments\": {\"q\": \"a b\", \"n\": 98765432109876543210987654321, \"x\": 1.0e5, \"s\": \"caf\\u00e9 \\\"x\\\"\"}}\n</tool_call>",
+            content: None,
+            calls: vec![call(
+                "search",
+                r#"{"q":"a b","n":98765432109876543210987654321,"x":1.0e5,"s":"caf\u00e9 \"x\""}"#,
+            )],
+        },
         // `</tool_call>` inside an argument's string does not end the block.
         Case {
             format: Hermes,

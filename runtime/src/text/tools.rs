@@ -13,7 +13,7 @@
 //! A block or message that is not a call of an offered tool (an unknown name, broken JSON)
 //! stays content: a call is never invented.
 
-use serde_json::{Map, Value, json};
+use serde_json::{Value, json};
 
 use crate::text::grammar::{self, Grammar};
 use crate::text::trim::{Trimmed, partial_suffix};
@@ -260,7 +260,7 @@ impl Parser {
         let mut calls = Vec::new();
         let mut rest = text;
         loop {
-            let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+            let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Fields>();
             calls.push(self.call_of(values.next()?.ok()?, "parameters")?);
             let after = rest[values.byte_offset()..].trim_start();
             if after.is_empty() {
@@ -278,18 +278,20 @@ impl Parser {
         self.call_of(serde_json::from_str(text.trim()).ok()?, key)
     }
 
-    /// `value` as one call: `{"name": ..., key: {...}}` (either of `arguments` and
+    /// `object` as one call: `{"name": ..., key: {...}}` (either of `arguments` and
     /// `parameters` taken, and arguments written as a string of JSON), no other keys but
-    /// Llama 3's `"type": "function"`.
-    fn call_of(&self, value: Value, key: &str) -> Option<Call> {
-        let Value::Object(mut object) = value else {
+    /// Llama 3's `"type": "function"`. The arguments are the model's text with the
+    /// whitespace between tokens left out: its numbers and strings as it wrote them (a
+    /// round trip through f64 would turn 98765432109876543210987654321 into 9.87...e28).
+    fn call_of(&self, mut object: Fields, key: &str) -> Option<Call> {
+        let name: String = serde_json::from_str(object.remove("name")?.get()).ok()?;
+        if !self.names.contains(&name) {
             return None;
-        };
-        let name = match object.remove("name")? {
-            Value::String(name) if self.names.contains(&name) => name,
-            _ => return None,
-        };
-        if object.get("type").is_some_and(|t| t == "function") {
+        }
+        if object
+            .get("type")
+            .is_some_and(|t| t.get() == "\"function\"")
+        {
             object.remove("type");
         }
         let other = if key == "arguments" {
@@ -298,23 +300,47 @@ impl Parser {
             "arguments"
         };
         let arguments = match object.remove(key).or_else(|| object.remove(other)) {
-            None => Value::Object(Map::new()),
-            Some(Value::String(text)) => serde_json::from_str(&text).ok()?,
-            Some(arguments) => arguments,
+            None => "{}".to_string(),
+            Some(raw) => {
+                let text = match raw.get() {
+                    quoted if quoted.starts_with('"') => serde_json::from_str(quoted).ok()?,
+                    text => text.to_string(),
+                };
+                if !serde_json::from_str::<Value>(&text).ok()?.is_object() {
+                    return None;
+                }
+                compact(&text)
+            }
         };
-        if !arguments.is_object() || !object.is_empty() {
+        if !object.is_empty() {
             return None;
         }
-        Some(Call {
-            name,
-            arguments: arguments.to_string(),
-        })
+        Some(Call { name, arguments })
     }
 
     /// Sends content, its ends trimmed.
     fn content(&mut self, out: &mut Vec<Delta>, text: &str) {
         out.extend(self.content.push(text).map(Delta::Content));
     }
+}
+
+/// A call's fields, each value as the model wrote it.
+type Fields = std::collections::HashMap<String, Box<serde_json::value::RawValue>>;
+
+/// The JSON text `json` without the whitespace between its tokens (strings kept whole).
+fn compact(json: &str) -> String {
+    let (mut out, mut in_string, mut escaped) = (String::with_capacity(json.len()), false, false);
+    for c in json.chars() {
+        if in_string {
+            (escaped, in_string) = (c == '\\' && !escaped, c != '"' || escaped);
+        } else if c.is_ascii_whitespace() {
+            continue;
+        } else {
+            in_string = c == '"';
+        }
+        out.push(c);
+    }
+    out
 }
 
 /// Where the block whose body starts `text` ends: the first `</tool_call>` after which the

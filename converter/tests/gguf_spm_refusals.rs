@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{GgufBuilder, tiny_gguf_with_tokens};
+use common::{GgufBuilder, tiny_gguf_with};
 
 /// GGUF value types (gguf.h).
 const BOOL: u32 = 7;
@@ -23,7 +23,9 @@ fn scores(gguf: GgufBuilder, values: &[f32]) -> GgufBuilder {
 /// The tiny GGUF with a SentencePiece vocabulary of `tokens` (three, as its embedding has
 /// rows).
 fn sentencepiece(tokens: &[&str]) -> GgufBuilder {
-    tiny_gguf_with_tokens("llama", "llama", "default", tokens)
+    tiny_gguf_with("llama", "llama", "default")
+        .without("tokenizer.ggml.tokens")
+        .strings("tokenizer.ggml.tokens", tokens)
 }
 
 fn assert_refused(bytes: Vec<u8>, expected: &str) {

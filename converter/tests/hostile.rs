@@ -894,7 +894,7 @@ const CASES: &[Case] = &[
         name: "gguf: gemma3 with 2^32 - 1 layers in two tensors",
         bin: Bin::Converter,
         setup: |d| {
-            let bytes = tiny_gguf_as("gemma3", u32::MAX).build();
+            let bytes = tiny_gguf_as_with_layers("gemma3", u32::MAX).build();
             args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
         },
         expect: Expect::Error("gemma3.block_count is 4294967295, but the file holds 2 tensors"),
@@ -904,7 +904,7 @@ const CASES: &[Case] = &[
         name: "gguf: smollm3 with 2^27 layers",
         bin: Bin::Converter,
         setup: |d| {
-            let bytes = tiny_gguf_as("smollm3", 1 << 27).build();
+            let bytes = tiny_gguf_as_with_layers("smollm3", 1 << 27).build();
             args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
         },
         expect: Expect::Error("smollm3.block_count is 134217728, but the file holds 2 tensors"),
@@ -914,7 +914,7 @@ const CASES: &[Case] = &[
         name: "gguf: llama with no layers",
         bin: Bin::Converter,
         setup: |d| {
-            let bytes = tiny_gguf_as("llama", 0).build();
+            let bytes = tiny_gguf_as_with_layers("llama", 0).build();
             args(&[&"import-gguf", &gguf_path(d, bytes), &d.join("out")])
         },
         expect: Expect::Error("llama.block_count is 0"),
@@ -938,7 +938,7 @@ const CASES: &[Case] = &[
         name: "gguf: gemma3 rope.freq_base_swa NaN",
         bin: Bin::Converter,
         setup: |d| {
-            let gguf = tiny_gguf_as("gemma3", 1).f32("gemma3.rope.freq_base_swa", f32::NAN);
+            let gguf = tiny_gguf_as("gemma3").f32("gemma3.rope.freq_base_swa", f32::NAN);
             args(&[&"import-gguf", &gguf_path(d, gguf.build()), &d.join("out")])
         },
         expect: Expect::Error("metadata gemma3.rope.freq_base_swa is NaN"),
@@ -1126,25 +1126,10 @@ fn artifact_with_huge_weights(d: &Path) -> PathBuf {
     out
 }
 
-/// [`tiny_gguf`]'s tensors and hyperparameters for `arch` (under its own key prefix), with
-/// `layers` layers claimed.
-fn tiny_gguf_as(arch: &str, layers: u32) -> GgufBuilder {
-    let key = |name: &str| format!("{arch}.{name}");
-    GgufBuilder::new()
-        .str("general.architecture", arch)
-        .u32(&key("block_count"), layers)
-        .u32(&key("context_length"), 16)
-        .u32(&key("embedding_length"), 4)
-        .u32(&key("feed_forward_length"), 8)
-        .u32(&key("attention.head_count"), 1)
-        .u32(&key("attention.head_count_kv"), 1)
-        .f32(&key("attention.layer_norm_rms_epsilon"), 1e-5)
-        .str("tokenizer.ggml.model", "gpt2")
-        .str("tokenizer.ggml.pre", "smollm")
-        .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
-        .strings("tokenizer.ggml.merges", &["a b"])
-        .tensor("token_embd.weight", &[4, 3], 0, &tiny_embedding())
-        .tensor("blk.0.attn_q.weight", &[32, 4], 8, &tiny_q8())
+/// [`tiny_gguf_as`] claiming `layers` layers.
+fn tiny_gguf_as_with_layers(arch: &str, layers: u32) -> GgufBuilder {
+    let key = format!("{arch}.block_count");
+    tiny_gguf_as(arch).without(&key).u32(&key, layers)
 }
 
 fn edit_manifest(out: &Path, edit: impl FnOnce(&mut serde_json::Value)) {

@@ -216,22 +216,9 @@ const CASES: &[Case] = &[
         name: "gguf: head count that overflows the q/k row split",
         expected: "cannot be split",
         setup: |d| {
-            // The tiny GGUF's keys, its head count a u64 (a key given twice is refused).
-            let bytes = GgufBuilder::new()
-                .str("general.architecture", "llama")
-                .u32("llama.block_count", 1)
-                .u32("llama.context_length", 16)
-                .u32("llama.embedding_length", 4)
-                .u32("llama.feed_forward_length", 8)
+            let bytes = tiny_gguf()
+                .without("llama.attention.head_count")
                 .raw("llama.attention.head_count", 10, &u64::MAX.to_le_bytes())
-                .u32("llama.attention.head_count_kv", 1)
-                .f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
-                .str("tokenizer.ggml.model", "gpt2")
-                .str("tokenizer.ggml.pre", "smollm")
-                .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
-                .strings("tokenizer.ggml.merges", &["a b"])
-                .tensor("token_embd.weight", &[4, 3], 0, &tiny_embedding())
-                .tensor("blk.0.attn_q.weight", &[32, 4], 8, &tiny_q8())
                 .build();
             gguf_case(d, bytes)
         },

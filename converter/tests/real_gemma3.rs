@@ -24,24 +24,6 @@ struct Case {
     llama_cpp: Vec<u32>,
 }
 
-/// The GGUF, if it has been fetched.
-fn gguf() -> Option<PathBuf> {
-    let path = common::workspace_root().join("target/gemma3/gemma-3-270m-q4_k_m.gguf");
-    if path.exists() {
-        return Some(path);
-    }
-    assert!(
-        std::env::var_os("REQUIRE_MODEL").is_none(),
-        "{} is missing: run `just fetch-gemma3`",
-        path.display()
-    );
-    eprintln!(
-        "skipped: {} is missing (run `just fetch-gemma3`)",
-        path.display()
-    );
-    None
-}
-
 /// The runtime binary beside the converter (`cargo test --workspace` builds both).
 fn runtime() -> PathBuf {
     PathBuf::from(env!("CARGO_BIN_EXE_converter")).with_file_name("runtime")
@@ -60,7 +42,10 @@ fn run(command: &mut Command) -> (String, String) {
 
 #[test]
 fn the_real_gemma3_file_converts_tokenizes_scores_and_chats_as_llama_cpp() {
-    let Some(gguf) = gguf() else { return };
+    let path = common::workspace_root().join("target/gemma3/gemma-3-270m-q4_k_m.gguf");
+    let Some(gguf) = common::model_file(path, "just fetch-gemma3") else {
+        return;
+    };
     let tmp = tempfile::tempdir().unwrap();
     let (hf, artifact) = (tmp.path().join("hf"), tmp.path().join("artifact"));
     let import = common::converter(&[&"import-gguf", &gguf, &hf]);

@@ -13,16 +13,9 @@ use sha2::{Digest, Sha256};
 #[test]
 fn imported_checkpoint_matches_reference_checksums() {
     let dir = common::workspace_root().join("models/smollm2-135m-instruct");
-    let path = dir.join("model.safetensors");
-    if !path.exists() {
-        assert!(
-            std::env::var_os("REQUIRE_MODEL").is_none(),
-            "{} is missing: run `just fetch`",
-            path.display()
-        );
-        eprintln!("skipped: {} is missing (run `just fetch`)", path.display());
+    let Some(path) = common::model_file(dir.join("model.safetensors"), "just fetch") else {
         return;
-    }
+    };
     let bytes = std::fs::read(&path).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
     let reference = include_str!("data/checkpoint_tensors.sha256");

@@ -132,10 +132,7 @@ pub fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
     }
     // Rows padded with zeros to whole tiles, each to a whole number of pairs.
     let (padded, width) = (rows.next_multiple_of(MR), d_in.next_multiple_of(2));
-    let mut rounded = vec![bf16::ZERO; padded * width];
-    (rounded.par_chunks_mut(width))
-        .zip(x.par_chunks(d_in))
-        .for_each(|(to, x)| round_into(x, &mut to[..d_in]));
+    let rounded = round_rows(x, d_in, padded, width);
     let pairs = width / 2;
     let mut out = vec![0.0f32; rows * d_out];
     let out_ptr = OutPtr(out.as_mut_ptr());
@@ -143,9 +140,7 @@ pub fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
         .into_par_iter()
         .for_each(|group| {
             let columns = group * GROUP..((group + 1) * GROUP).min(d_out);
-            let panels: Vec<Panel> = (columns.clone().step_by(NR))
-                .map(|first| Panel::new(weight, d_in, first..(first + NR).min(columns.end), pairs))
-                .collect();
+            let panels = Panel::all(weight, d_in, columns.clone(), pairs);
             for tile in (0..rows).step_by(MR) {
                 let valid = MR.min(rows - tile);
                 let x = rounded[tile * width..].as_ptr();
@@ -172,6 +167,16 @@ pub fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
     out
 }
 
+/// The rows of `x` (rows of `d_in`) rounded to bf16, each at the start of a row of `width`
+/// values, `padded` rows (the rest zeros).
+fn round_rows(x: &[f32], d_in: usize, padded: usize, width: usize) -> Vec<bf16> {
+    let mut rounded = vec![bf16::ZERO; padded * width];
+    (rounded.par_chunks_mut(width))
+        .zip(x.par_chunks(d_in))
+        .for_each(|(to, x)| round_into(x, &mut to[..d_in]));
+    rounded
+}
+
 /// Sixteen weight rows, pairs of values interleaved as `vdpbf16ps` reads them: for each
 /// pair of inputs, sixteen rows' pairs (rows past the weight's, a last lone value's
 /// partner, and pairs past the row's, zero).
@@ -181,6 +186,14 @@ struct Panel {
 }
 
 impl Panel {
+    /// The panels of rows `columns` of `weight`, sixteen rows each (the last fewer), as
+    /// `pairs` pairs.
+    fn all(weight: &[bf16], d_in: usize, columns: Range<usize>, pairs: usize) -> Vec<Self> {
+        (columns.clone().step_by(NR))
+            .map(|first| Panel::new(weight, d_in, first..(first + NR).min(columns.end), pairs))
+            .collect()
+    }
+
     /// Rows `columns` of `weight` as `pairs` pairs (at least `d_in` values).
     fn new(weight: &[bf16], d_in: usize, columns: Range<usize>, pairs: usize) -> Self {
         assert!(2 * pairs >= d_in);

@@ -437,22 +437,29 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     })?;
     generator.kv_dtype = common.kv_cache;
     generator.matmul = common.matmul;
-    if common.matmul == Matmul::Int8 {
-        if !kernels::int8::available() {
-            eprintln!("note: this CPU has no AVX2: --matmul int8 runs the exact products");
-        } else if generator.kept.blocks == 0 {
-            eprintln!(
-                "note: --matmul int8 changes nothing here: no weight is kept as blocks (see --weights)"
-            );
-        }
-    }
-    if common.matmul == Matmul::Bf16 {
-        if !kernels::dpbf16::runs() {
-            eprintln!("note: this CPU has no AVX512_BF16: --matmul bf16 runs the exact products");
-        } else if generator.kept.bf16 == 0 {
-            eprintln!(
-                "note: --matmul bf16 rounds nothing here: no weight is kept as bf16 (see --weights)"
-            );
+    // A rounding asked for by name that this CPU or these weights leave unused.
+    let asked = match common.matmul {
+        Matmul::Int8 => Some((
+            "int8",
+            kernels::int8::available(),
+            "AVX2",
+            generator.kept.blocks,
+            "changes nothing here: no weight is kept as blocks",
+        )),
+        Matmul::Bf16 => Some((
+            "bf16",
+            kernels::dpbf16::runs(),
+            "AVX512_BF16",
+            generator.kept.bf16,
+            "rounds nothing here: no weight is kept as bf16",
+        )),
+        _ => None,
+    };
+    if let Some((name, runs, feature, kept, unused)) = asked {
+        if !runs {
+            eprintln!("note: this CPU has no {feature}: --matmul {name} runs the exact products");
+        } else if kept == 0 {
+            eprintln!("note: --matmul {name} {unused} (see --weights)");
         }
     }
     if generator.kept.rounded > 0 {

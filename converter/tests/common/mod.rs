@@ -199,6 +199,22 @@ pub fn converter(args: &[&dyn AsRef<std::ffi::OsStr>]) -> Run {
     }
 }
 
+/// `path`, a file of a real model, if it is there; else `None` after saying the test is
+/// skipped, or, under `REQUIRE_MODEL` (set by `just test`), a failure. `fetch` is the
+/// command that makes it.
+pub fn model_file(path: PathBuf, fetch: &str) -> Option<PathBuf> {
+    if path.exists() {
+        return Some(path);
+    }
+    assert!(
+        std::env::var_os("REQUIRE_MODEL").is_none(),
+        "{} is missing: run `{fetch}`",
+        path.display()
+    );
+    eprintln!("skipped: {} is missing (run `{fetch}`)", path.display());
+    None
+}
+
 pub fn workspace_root() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR"))
         .parent()
@@ -210,8 +226,8 @@ pub fn workspace_root() -> PathBuf {
 
 /// A minimal GGUF v3 writer: metadata of the kinds the importer reads, and raw tensors.
 pub struct GgufBuilder {
-    kv: Vec<u8>,
-    n_kv: u64,
+    /// Each metadata entry: its key, then its type and value as written.
+    kv: Vec<(String, Vec<u8>)>,
     infos: Vec<u8>,
     data: Vec<u8>,
     n_tensors: u64,
@@ -221,7 +237,6 @@ impl GgufBuilder {
     pub fn new() -> Self {
         Self {
             kv: vec![],
-            n_kv: 0,
             infos: vec![],
             data: vec![],
             n_tensors: 0,
@@ -233,43 +248,47 @@ impl GgufBuilder {
         buf.extend(s.as_bytes());
     }
 
-    fn key(&mut self, key: &str, type_id: u32) {
-        Self::string(&mut self.kv, key);
-        self.kv.extend(type_id.to_le_bytes());
-        self.n_kv += 1;
+    /// Starts an entry (a key given twice is two entries, as a broken file has them);
+    /// returns where its value goes.
+    fn key(&mut self, key: &str, type_id: u32) -> &mut Vec<u8> {
+        self.kv.push((key.into(), type_id.to_le_bytes().to_vec()));
+        &mut self.kv.last_mut().expect("just pushed").1
+    }
+
+    /// Without the metadata entries of `key`: to give one of a fixture's keys another
+    /// value or type.
+    pub fn without(mut self, key: &str) -> Self {
+        self.kv.retain(|(k, _)| k != key);
+        self
     }
 
     /// A metadata entry of any type, its value given as raw bytes.
     pub fn raw(mut self, key: &str, type_id: u32, value: &[u8]) -> Self {
-        self.key(key, type_id);
-        self.kv.extend(value);
+        self.key(key, type_id).extend(value);
         self
     }
 
     pub fn u32(mut self, key: &str, v: u32) -> Self {
-        self.key(key, 4);
-        self.kv.extend(v.to_le_bytes());
+        self.key(key, 4).extend(v.to_le_bytes());
         self
     }
 
     pub fn f32(mut self, key: &str, v: f32) -> Self {
-        self.key(key, 6);
-        self.kv.extend(v.to_le_bytes());
+        self.key(key, 6).extend(v.to_le_bytes());
         self
     }
 
     pub fn str(mut self, key: &str, v: &str) -> Self {
-        self.key(key, 8);
-        Self::string(&mut self.kv, v);
+        Self::string(self.key(key, 8), v);
         self
     }
 
     pub fn strings(mut self, key: &str, items: &[&str]) -> Self {
-        self.key(key, 9);
-        self.kv.extend(8u32.to_le_bytes());
-        self.kv.extend((items.len() as u64).to_le_bytes());
+        let value = self.key(key, 9);
+        value.extend(8u32.to_le_bytes());
+        value.extend((items.len() as u64).to_le_bytes());
         for item in items {
-            Self::string(&mut self.kv, item);
+            Self::string(value, item);
         }
         self
     }
@@ -306,8 +325,11 @@ impl GgufBuilder {
         let mut out = b"GGUF".to_vec();
         out.extend(3u32.to_le_bytes());
         out.extend(self.n_tensors.to_le_bytes());
-        out.extend(self.n_kv.to_le_bytes());
-        out.extend(self.kv);
+        out.extend((self.kv.len() as u64).to_le_bytes());
+        for (key, value) in &self.kv {
+            Self::string(&mut out, key);
+            out.extend(value);
+        }
         out.extend(self.infos);
         out.resize(out.len().div_ceil(32) * 32, 0);
         out.extend(self.data);
@@ -322,62 +344,53 @@ pub fn tiny_gguf() -> GgufBuilder {
 
 /// [`tiny_gguf`] with another architecture, tokenizer model or pre-tokenizer.
 pub fn tiny_gguf_with(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
-    tiny_gguf_with_tokens(arch, tokenizer, pre, &["a", "b", "ab"])
+    with_tiny_tensors(tiny_gguf_metadata(arch, tokenizer, pre))
 }
 
-/// [`tiny_gguf_with`] with other tokens (three, as the embedding has rows).
-pub fn tiny_gguf_with_tokens(
-    arch: &str,
-    tokenizer: &str,
-    pre: &str,
-    tokens: &[&str],
-) -> GgufBuilder {
-    tiny_gguf_metadata_with_tokens(arch, tokenizer, pre, tokens)
-        .tensor("token_embd.weight", &[4, 3], 0, &tiny_embedding())
-        .tensor("blk.0.attn_q.weight", &[32, 4], 8, &tiny_q8())
-}
-
-/// [`tiny_gguf`]'s F32 embedding's bytes.
-pub fn tiny_embedding() -> Vec<u8> {
-    (0..12)
+/// `gguf` with [`tiny_gguf`]'s tensors.
+fn with_tiny_tensors(gguf: GgufBuilder) -> GgufBuilder {
+    let embed: Vec<u8> = (0..12)
         .flat_map(|i| (i as f32 * 0.5).to_le_bytes())
-        .collect()
-}
-
-/// [`tiny_gguf`]'s Q8_0 projection's bytes.
-pub fn tiny_q8() -> Vec<u8> {
+        .collect();
     let mut q8 = Vec::new();
     for row in 0..4u8 {
         q8.extend(f16::from_f32(0.5).to_le_bytes());
         q8.extend((0..32u8).map(|c| row * 10 + c));
     }
-    q8
+    gguf.tensor("token_embd.weight", &[4, 3], 0, &embed).tensor(
+        "blk.0.attn_q.weight",
+        &[32, 4],
+        8,
+        &q8,
+    )
 }
 
 /// [`tiny_gguf_with`]'s metadata, no tensors.
 pub fn tiny_gguf_metadata(arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
-    tiny_gguf_metadata_with_tokens(arch, tokenizer, pre, &["a", "b", "ab"])
+    metadata_under("llama", arch, tokenizer, pre)
 }
 
-/// [`tiny_gguf_metadata`] with other tokens.
-pub fn tiny_gguf_metadata_with_tokens(
-    arch: &str,
-    tokenizer: &str,
-    pre: &str,
-    tokens: &[&str],
-) -> GgufBuilder {
+/// [`tiny_gguf`] for `arch`, its hyperparameters under `arch`'s own key prefix
+/// (`gemma3.block_count`), as a real file of that architecture has them.
+pub fn tiny_gguf_as(arch: &str) -> GgufBuilder {
+    with_tiny_tensors(metadata_under(arch, arch, "gpt2", "smollm"))
+}
+
+/// The tiny GGUF's metadata, its hyperparameters under `prefix`.
+fn metadata_under(prefix: &str, arch: &str, tokenizer: &str, pre: &str) -> GgufBuilder {
+    let key = |name: &str| format!("{prefix}.{name}");
     GgufBuilder::new()
         .str("general.architecture", arch)
-        .u32("llama.block_count", 1)
-        .u32("llama.context_length", 16)
-        .u32("llama.embedding_length", 4)
-        .u32("llama.feed_forward_length", 8)
-        .u32("llama.attention.head_count", 1)
-        .u32("llama.attention.head_count_kv", 1)
-        .f32("llama.attention.layer_norm_rms_epsilon", 1e-5)
+        .u32(&key("block_count"), 1)
+        .u32(&key("context_length"), 16)
+        .u32(&key("embedding_length"), 4)
+        .u32(&key("feed_forward_length"), 8)
+        .u32(&key("attention.head_count"), 1)
+        .u32(&key("attention.head_count_kv"), 1)
+        .f32(&key("attention.layer_norm_rms_epsilon"), 1e-5)
         .str("tokenizer.ggml.model", tokenizer)
         .str("tokenizer.ggml.pre", pre)
-        .strings("tokenizer.ggml.tokens", tokens)
+        .strings("tokenizer.ggml.tokens", &["a", "b", "ab"])
         .strings("tokenizer.ggml.merges", &["a b"])
 }
 

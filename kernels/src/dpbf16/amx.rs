@@ -14,7 +14,7 @@ use std::ops::Range;
 use half::bf16;
 use rayon::prelude::*;
 
-use super::{NR, Panel, round_into};
+use super::{NR, Panel, round_rows};
 use crate::amx::Tiles;
 use crate::team::OutPtr;
 
@@ -43,10 +43,7 @@ pub(super) fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
     if (width * 2).is_multiple_of(1024) {
         width += STEP;
     }
-    let mut rounded = vec![bf16::ZERO; padded * width];
-    (rounded.par_chunks_mut(width))
-        .zip(x.par_chunks(d_in))
-        .for_each(|(to, x)| round_into(x, &mut to[..d_in]));
+    let rounded = round_rows(x, d_in, padded, width);
     let steps = d_in.div_ceil(STEP);
     let mut out = vec![0.0f32; rows * d_out];
     let out_ptr = OutPtr(out.as_mut_ptr());
@@ -54,12 +51,7 @@ pub(super) fn linear_rows(x: &[f32], weight: &[bf16], d_in: usize) -> Vec<f32> {
         .into_par_iter()
         .for_each(|group| {
             let columns = group * GROUP..((group + 1) * GROUP).min(d_out);
-            let panels: Vec<Panel> = (columns.clone().step_by(NR))
-                .map(|first| {
-                    let panel_columns = first..(first + NR).min(columns.end);
-                    Panel::new(weight, d_in, panel_columns, steps * STEP / 2)
-                })
-                .collect();
+            let panels = Panel::all(weight, d_in, columns, steps * STEP / 2);
             // Sums in tiles 0-3, the prompt's rows in 4-5, the panels' in 6-7.
             let _tiles = Tiles::configure([(TILE_ROWS as u8, 64); 8]);
             for block in (0..rows).step_by(2 * TILE_ROWS) {

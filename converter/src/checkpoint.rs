@@ -20,6 +20,7 @@ use runtime::weights::manifest::is_plain_file_name;
 
 use runtime::util::files::MappedFile;
 
+use crate::finite;
 use crate::names::Transform;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -178,10 +179,16 @@ pub fn write_tensor(
         encoded.extend(values.iter().flat_map(|v| v.to_le_bytes()));
         out.write_all(&encoded)
     };
+    // Each value is checked finite as it is read, named by its place in the source tensor.
+    let row_len = meta.shape.last().copied().unwrap_or(1);
+    let check = |values: &[f32], first: usize| {
+        finite::check_values(values, first, row_len).with_context(|| format!("tensor {name}"))
+    };
     if !transpose {
-        for chunk in bytes.chunks(block * width) {
+        for (i, chunk) in bytes.chunks(block * width).enumerate() {
             values.clear();
             decode_into(meta.dtype, chunk, &mut values);
+            check(&values, i * block)?;
             if transform == Transform::AddOne {
                 // As transformers' `1.0 + weight.float()`: the sum of the f32 values.
                 values.iter_mut().for_each(|v| *v += 1.0);
@@ -205,6 +212,7 @@ pub fn write_tensor(
             let at = (r * cols + first) * width;
             row.clear();
             decode_into(meta.dtype, &bytes[at..at + n * width], &mut row);
+            check(&row, r * cols + first)?;
             for (c, &v) in row.iter().enumerate() {
                 values[c * rows + r] = v;
             }

@@ -310,12 +310,16 @@ fn plan(
         if config.unit_offset_norms && param.owner == "RmsNorm" {
             transform = Transform::AddOne;
         }
-        // A part of a fused projection, when the checkpoint has the fused one instead.
+        // A part of a fused projection, when the checkpoint has the fused one instead; never
+        // both, or one of them would be silently left out.
         let mut rows = None;
-        if !checkpoint.tensors.contains_key(&hf_name)
-            && let Some((whole, range, total)) = names::fused(&hf_name, config)
+        if let Some((whole, range, total)) = names::fused(&hf_name, config)
             && let Some(meta) = checkpoint.tensors.get(&whole)
         {
+            ensure!(
+                !checkpoint.tensors.contains_key(&hf_name),
+                "tensor {hf_name} is given beside {whole}, which holds its rows too"
+            );
             ensure!(
                 meta.shape.first() == Some(&total),
                 "tensor {whole} has shape {:?}, expected {total} rows from config.json",

@@ -11,6 +11,7 @@ use std::path::Path;
 
 use anyhow::{Context, Result, bail, ensure};
 
+use crate::finite;
 use crate::quants::GgmlType;
 use crate::quants::dequantize;
 use runtime::util::files::MappedFile;
@@ -158,9 +159,16 @@ impl Gguf {
 }
 
 /// The values of `info`, one of the tensors [`parse`] found in `file`.
+/// Refused unless every value is finite (`finite::check_values`).
 pub fn read_tensor(file: &[u8], info: &TensorInfo) -> Result<Vec<f32>> {
     let bytes = &file[info.start..info.start + info.len];
-    dequantize(info.ggml_type, bytes, info.numel()).with_context(|| format!("tensor {}", info.name))
+    let row_len = info.dims.first().map_or(1, |&d| d as usize);
+    dequantize(info.ggml_type, bytes, info.numel())
+        .and_then(|values| {
+            finite::check_values(&values, 0, row_len)?;
+            Ok(values)
+        })
+        .with_context(|| format!("tensor {}", info.name))
 }
 
 /// A bounds-checked reader over the header bytes.

@@ -7,6 +7,7 @@ pub mod blocks;
 pub mod checkpoint;
 pub mod convert;
 pub mod digest;
+pub mod finite;
 pub mod gguf;
 pub mod import;
 pub mod names;

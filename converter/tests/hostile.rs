@@ -1272,6 +1272,76 @@ const CASES: &[Case] = &[
             "tensor model.layers.0.mlp.up_proj.weight is given beside model.layers.0.mlp.gate_up_proj.weight",
         ),
     },
+    // 22. `layer_types` of the wrong length was refused only for Gemma 3; `rope_scaling`
+    // with both `type` and `rope_type` (as transformers saves a legacy config) was refused
+    // as a duplicate field.
+    Case {
+        class: 22,
+        name: "qwen2: layer_types of 3 entries for 2 layers",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| {
+                c["model_type"] = json!("qwen2");
+                c["architectures"] = json!(["Qwen2ForCausalLM"]);
+                c["layer_types"] = json!(["full_attention", "full_attention", "full_attention"]);
+            });
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("layer_types has 3 entries for 2 layers"),
+    },
+    Case {
+        class: 22,
+        name: "qwen3: layer_types of 1 entry for 2 layers",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| {
+                c["model_type"] = json!("qwen3");
+                c["architectures"] = json!(["Qwen3ForCausalLM"]);
+                c["layer_types"] = json!(["full_attention"]);
+            });
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("layer_types has 1 entries for 2 layers"),
+    },
+    Case {
+        class: 22,
+        name: "smollm3: an empty layer_types",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| {
+                c["model_type"] = json!("smollm3");
+                c["architectures"] = json!(["SmolLM3ForCausalLM"]);
+                c["layer_types"] = json!([]);
+            });
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("layer_types has 0 entries for 2 layers"),
+    },
+    Case {
+        class: 22,
+        name: "rope_scaling with type and rope_type both linear (transformers' legacy save)",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| {
+                c["rope_scaling"] = json!({"type": "linear", "rope_type": "linear", "factor": 2.0});
+            });
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Success,
+    },
+    Case {
+        class: 22,
+        name: "rope_scaling whose type and rope_type disagree",
+        bin: Bin::Converter,
+        setup: |d| {
+            let src = checkpoint(d, |c| {
+                c["rope_scaling"] =
+                    json!({"type": "dynamic", "rope_type": "linear", "factor": 2.0});
+            });
+            args(&[&"convert", &src, &d.join("out")])
+        },
+        expect: Expect::Error("rope_scaling says rope_type \"linear\" but type \"dynamic\""),
+    },
 ];
 /// The tiny checkpoint with every weight times 1e15 (finite in bf16), converted: the
 /// attention's products overflow f32, so the logits are NaN.

@@ -110,16 +110,11 @@ pub(super) fn layers_without_rope(hf: &HfConfig) -> Result<Vec<usize>, ConfigErr
 }
 
 /// Gemma 3's global layers: `layer_types`' `full_attention` entries (the others must be
-/// `sliding_attention`), else the last of every `sliding_window_pattern` (6) layers, as
+/// `sliding_attention`; `LlamaConfig::from_hf` checked their number), else the last of every `sliding_window_pattern` (6) layers, as
 /// transformers' `Gemma3TextConfig` reads them.
 pub(super) fn gemma_full_attention_layers(hf: &HfConfig) -> Result<Vec<usize>, ConfigError> {
     let invalid = |msg: String| Err(ConfigError::Invalid(msg));
     match (&hf.layer_types, hf.sliding_window_pattern.unwrap_or(6)) {
-        (Some(types), _) if types.len() != hf.num_hidden_layers => invalid(format!(
-            "layer_types has {} entries for {} layers",
-            types.len(),
-            hf.num_hidden_layers
-        )),
         (Some(types), _) => {
             let mut full = Vec::new();
             for (layer, kind) in types.iter().enumerate() {

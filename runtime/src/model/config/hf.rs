@@ -122,9 +122,12 @@ impl GenerationConfig {
 #[derive(Debug, Clone, Default, Deserialize, Serialize)]
 pub struct RopeParameters {
     pub rope_theta: Option<f64>,
-    /// Older files say `type`.
-    #[serde(alias = "type")]
+    /// Read through [`Self::kind`], which also takes `type`.
     pub rope_type: Option<String>,
+    /// What older files say instead of `rope_type`; transformers' `save_pretrained` writes
+    /// both for them (`LlamaConfig::from_hf` refuses the two if they disagree).
+    #[serde(rename = "type", skip_serializing_if = "Option::is_none")]
+    pub legacy_type: Option<String>,
     pub factor: Option<f64>,
     pub low_freq_factor: Option<f64>,
     pub high_freq_factor: Option<f64>,
@@ -136,6 +139,24 @@ pub struct RopeParameters {
     pub mscale_all_dim: Option<f64>,
     pub truncate: Option<bool>,
     pub partial_rotary_factor: Option<f64>,
+}
+
+impl RopeParameters {
+    /// The RoPE type: `rope_type`, or else the older `type`.
+    pub fn kind(&self) -> Option<&str> {
+        self.rope_type.as_deref().or(self.legacy_type.as_deref())
+    }
+
+    /// Refuses a `rope_type` and a `type` that name different types (transformers reads
+    /// `rope_type`; a file saying both ways must mean one thing).
+    pub(super) fn check_kinds_agree(&self, field: &str) -> Result<(), ConfigError> {
+        match (&self.rope_type, &self.legacy_type) {
+            (Some(rope_type), Some(legacy)) if rope_type != legacy => Err(ConfigError::Invalid(
+                format!("{field} says rope_type {rope_type:?} but type {legacy:?}"),
+            )),
+            _ => Ok(()),
+        }
+    }
 }
 
 /// `rope_parameters`: one set for every layer, or (Gemma 3) one per layer type
@@ -153,6 +174,14 @@ impl RopeField {
         match self {
             Self::Flat(parameters) => Some(parameters),
             Self::ByLayerType(types) => types.get(kind),
+        }
+    }
+
+    /// Every set of parameters it holds.
+    pub(super) fn all(&self) -> Vec<&RopeParameters> {
+        match self {
+            Self::Flat(parameters) => vec![parameters],
+            Self::ByLayerType(types) => types.values().collect(),
         }
     }
 }

@@ -85,7 +85,7 @@ impl RopeScaling {
         rope: &RopeParameters,
         max_position_embeddings: usize,
     ) -> Result<Self, ConfigError> {
-        let kind = rope.rope_type.as_deref().unwrap_or("default");
+        let kind = rope.kind().unwrap_or("default");
         let key = |value: Option<f64>, name: &str| {
             value.filter(|v| v.is_finite() && *v > 0.0).ok_or_else(|| {
                 ConfigError::Invalid(format!(
@@ -328,6 +328,22 @@ impl LlamaConfig {
                 return invalid(format!("{name} = {value} is out of range 1..={MAX_DIM}"));
             }
         }
+        if let Some(types) = &hf.layer_types
+            && types.len() != hf.num_hidden_layers
+        {
+            // As transformers' `layer_type_validation`, for every family.
+            return invalid(format!(
+                "layer_types has {} entries for {} layers",
+                types.len(),
+                hf.num_hidden_layers
+            ));
+        }
+        if let Some(rope) = &hf.rope_scaling {
+            rope.check_kinds_agree("rope_scaling")?;
+        }
+        for rope in hf.rope_parameters.iter().flat_map(RopeField::all) {
+            rope.check_kinds_agree("rope_parameters")?;
+        }
         if hf.vocab_size == 0 || hf.vocab_size > MAX_VOCAB {
             return invalid(format!(
                 "vocab_size = {} is out of range 1..={MAX_VOCAB}",
@@ -396,7 +412,7 @@ impl LlamaConfig {
         // transformers ≥ 5 reads `rope_parameters`, older files `rope_scaling`; a file with
         // both (hand-edited) must not say two different things.
         let scaling = [&full_rope, &hf.rope_scaling]
-            .map(|r| r.as_ref().and_then(|r| r.rope_type.as_deref()))
+            .map(|r| r.as_ref().and_then(|r| r.kind()))
             .map(|kind| kind.filter(|k| *k != "default"));
         if let [Some(a), Some(b)] = scaling
             && a != b
@@ -494,7 +510,7 @@ impl LlamaConfig {
         let sliding_rope_theta = match gemma {
             true => {
                 let parameters = rope_parameters("sliding_attention")?.unwrap_or_default();
-                if let Some(kind) = (parameters.rope_type.as_deref()).filter(|k| *k != "default") {
+                if let Some(kind) = (parameters.kind()).filter(|k| *k != "default") {
                     return invalid(format!(
                         "rope_type {kind:?} for sliding_attention layers is not supported \
                          (only \"default\")"
@@ -660,7 +676,15 @@ mod tests {
             ),
             (
                 "layer_types",
-                serde_json::json!(["full_attention", "sliding_attention"]),
+                // One entry per layer of SmolLM2's 30.
+                serde_json::json!(
+                    (0..30)
+                        .map(|i| match i {
+                            1 => "sliding_attention",
+                            _ => "full_attention",
+                        })
+                        .collect::<Vec<_>>()
+                ),
                 "sliding_attention",
             ),
             (
@@ -689,8 +713,38 @@ mod tests {
         v["rope_scaling"] = serde_json::Value::Null;
         v["attention_bias"] = false.into();
         v["rope_parameters"] = serde_json::json!({"rope_theta": 100000.0, "rope_type": "default"});
-        v["layer_types"] = serde_json::json!(["full_attention"]);
+        v["layer_types"] = serde_json::json!(vec!["full_attention"; 30]);
         assert_eq!(resolve(v).unwrap(), resolve(smollm()).unwrap());
+    }
+
+    /// `layer_types` must have an entry per layer, whatever the family (as transformers'
+    /// `layer_type_validation`); a legacy `type` beside `rope_type` must name the same type.
+    #[test]
+    fn layer_types_and_rope_types_must_agree_with_the_rest() {
+        for architecture in ["LlamaForCausalLM", "Qwen2ForCausalLM", "Qwen3ForCausalLM"] {
+            let mut v = smollm();
+            v["architectures"] = serde_json::json!([architecture]);
+            v["layer_types"] = serde_json::json!(vec!["full_attention"; 29]);
+            let err = resolve(v).unwrap_err().to_string();
+            assert!(
+                err.contains("layer_types has 29 entries for 30 layers"),
+                "{err}"
+            );
+        }
+        let linear = |legacy: &str| {
+            let mut v = smollm();
+            v["rope_scaling"] =
+                serde_json::json!({"rope_type": "linear", "type": legacy, "factor": 2.0});
+            resolve(v)
+        };
+        let mut v = smollm();
+        v["rope_scaling"] = serde_json::json!({"rope_type": "linear", "factor": 2.0});
+        assert_eq!(linear("linear").unwrap(), resolve(v).unwrap());
+        let err = linear("yarn").unwrap_err().to_string();
+        assert!(
+            err.contains("rope_scaling says rope_type \"linear\" but type \"yarn\""),
+            "{err}"
+        );
     }
 
     /// Qwen3 normalizes each query and key head; its biases follow `attention_bias` (on q,

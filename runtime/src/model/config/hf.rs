@@ -165,14 +165,14 @@ impl RopeParameters {
 #[serde(untagged)]
 pub enum RopeField {
     ByLayerType(std::collections::BTreeMap<String, RopeParameters>),
-    Flat(RopeParameters),
+    Flat(Box<RopeParameters>),
 }
 
 impl RopeField {
     /// The parameters of layers of `kind`: the flat set, or that type's.
     pub(super) fn of(&self, kind: &str) -> Option<&RopeParameters> {
         match self {
-            Self::Flat(parameters) => Some(parameters),
+            Self::Flat(parameters) => Some(parameters.as_ref()),
             Self::ByLayerType(types) => types.get(kind),
         }
     }
@@ -180,7 +180,7 @@ impl RopeField {
     /// Every set of parameters it holds.
     pub(super) fn all(&self) -> Vec<&RopeParameters> {
         match self {
-            Self::Flat(parameters) => vec![parameters],
+            Self::Flat(parameters) => vec![parameters.as_ref()],
             Self::ByLayerType(types) => types.values().collect(),
         }
     }

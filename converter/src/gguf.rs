@@ -36,7 +36,51 @@ pub enum Value {
     F64(f64),
     Bool(bool),
     String(String),
-    Array(Vec<Value>),
+    Array(Array),
+}
+
+/// A metadata array. Its items are kept as compactly as the file stores them: an array of
+/// 32 MiB of bytes takes 32 MiB, not a [`Value`] (32 bytes) an item, so memory stays a small
+/// multiple of the file whatever its arrays hold.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Array {
+    Strings(Vec<String>),
+    /// Numbers or booleans of the metadata type `type_id`, each `scalar_width(type_id)`
+    /// bytes, little-endian, as the file has them.
+    Scalars {
+        type_id: u32,
+        bytes: Vec<u8>,
+    },
+}
+
+impl Array {
+    pub fn len(&self) -> usize {
+        match self {
+            Array::Strings(items) => items.len(),
+            Array::Scalars { type_id, bytes } => bytes.len() / scalar_width(*type_id),
+        }
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The items as values, one at a time.
+    pub fn values(&self) -> Box<dyn Iterator<Item = Value> + '_> {
+        match self {
+            Array::Strings(items) => Box::new(items.iter().cloned().map(Value::String)),
+            Array::Scalars { type_id, bytes } => Box::new(
+                (bytes.chunks_exact(scalar_width(*type_id))).map(|item| scalar(*type_id, item)),
+            ),
+        }
+    }
+
+    /// An array of `values` (which must all be scalars of one type), as a file would hold it.
+    pub fn of(values: &[Value]) -> Self {
+        let type_id = values.first().map_or(0, Value::type_id);
+        let bytes = values.iter().flat_map(Value::scalar_bytes).collect();
+        Array::Scalars { type_id, bytes }
+    }
 }
 
 impl Value {
@@ -69,6 +113,77 @@ impl Value {
             Value::String(s) => Some(s),
             _ => None,
         }
+    }
+
+    /// Its GGUF metadata type id.
+    fn type_id(&self) -> u32 {
+        match self {
+            Value::U8(_) => 0,
+            Value::I8(_) => 1,
+            Value::U16(_) => 2,
+            Value::I16(_) => 3,
+            Value::U32(_) => 4,
+            Value::I32(_) => 5,
+            Value::F32(_) => 6,
+            Value::Bool(_) => 7,
+            Value::String(_) => 8,
+            Value::Array(_) => 9,
+            Value::U64(_) => 10,
+            Value::I64(_) => 11,
+            Value::F64(_) => 12,
+        }
+    }
+
+    /// A scalar's little-endian bytes, as a file stores it (nothing for a string or array).
+    fn scalar_bytes(&self) -> Vec<u8> {
+        match *self {
+            Value::U8(v) => vec![v],
+            Value::I8(v) => v.to_le_bytes().to_vec(),
+            Value::U16(v) => v.to_le_bytes().to_vec(),
+            Value::I16(v) => v.to_le_bytes().to_vec(),
+            Value::U32(v) => v.to_le_bytes().to_vec(),
+            Value::I32(v) => v.to_le_bytes().to_vec(),
+            Value::F32(v) => v.to_le_bytes().to_vec(),
+            Value::Bool(v) => vec![v.into()],
+            Value::U64(v) => v.to_le_bytes().to_vec(),
+            Value::I64(v) => v.to_le_bytes().to_vec(),
+            Value::F64(v) => v.to_le_bytes().to_vec(),
+            Value::String(_) | Value::Array(_) => Vec::new(),
+        }
+    }
+}
+
+/// Bytes of a number or boolean of metadata type `type_id` (0 for strings and arrays).
+fn scalar_width(type_id: u32) -> usize {
+    match type_id {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        10..=12 => 8,
+        _ => 0,
+    }
+}
+
+/// The number or boolean of metadata type `type_id` that `bytes` (`scalar_width` of them,
+/// checked by the parser: a boolean byte is 0 or 1) hold.
+fn scalar(type_id: u32, bytes: &[u8]) -> Value {
+    let mut eight = [0; 8];
+    eight[..bytes.len()].copy_from_slice(bytes);
+    let [b0, b1, b2, b3, ..] = eight;
+    let (two, four) = ([b0, b1], [b0, b1, b2, b3]);
+    match type_id {
+        0 => Value::U8(b0),
+        1 => Value::I8(b0 as i8),
+        2 => Value::U16(u16::from_le_bytes(two)),
+        3 => Value::I16(i16::from_le_bytes(two)),
+        4 => Value::U32(u32::from_le_bytes(four)),
+        5 => Value::I32(i32::from_le_bytes(four)),
+        6 => Value::F32(f32::from_le_bytes(four)),
+        7 => Value::Bool(b0 == 1),
+        10 => Value::U64(u64::from_le_bytes(eight)),
+        11 => Value::I64(i64::from_le_bytes(eight)),
+        12 => Value::F64(f64::from_le_bytes(eight)),
+        _ => unreachable!("the parser reads only scalar types here"),
     }
 }
 
@@ -134,16 +249,14 @@ impl Gguf {
 
     /// A required array of strings.
     pub fn strings(&self, key: &str) -> Result<Vec<&str>> {
-        let Some(Value::Array(items)) = self.get(key) else {
-            bail!("GGUF metadata {key} is missing or not an array");
-        };
-        items
-            .iter()
-            .map(|v| {
-                v.as_str()
-                    .with_context(|| format!("GGUF metadata {key} holds a non-string"))
-            })
-            .collect()
+        match self.get(key) {
+            Some(Value::Array(Array::Strings(items))) => {
+                Ok(items.iter().map(String::as_str).collect())
+            }
+            Some(Value::Array(array)) if array.is_empty() => Ok(Vec::new()),
+            Some(Value::Array(_)) => bail!("GGUF metadata {key} holds a non-string"),
+            _ => bail!("GGUF metadata {key} is missing or not an array"),
+        }
     }
 
     /// The tensor's values as f32, in PyTorch (row-major, outermost first) order.
@@ -223,48 +336,47 @@ impl<'a> Cursor<'a> {
         Ok(n as usize)
     }
 
-    fn value(&mut self, type_id: u32, depth: u32) -> Result<Value> {
+    fn value(&mut self, type_id: u32) -> Result<Value> {
         Ok(match type_id {
-            0 => Value::U8(self.array::<1>()?[0]),
-            1 => Value::I8(self.array::<1>()?[0] as i8),
-            2 => Value::U16(u16::from_le_bytes(self.array()?)),
-            3 => Value::I16(i16::from_le_bytes(self.array()?)),
-            4 => Value::U32(self.u32()?),
-            5 => Value::I32(i32::from_le_bytes(self.array()?)),
-            6 => Value::F32(f32::from_le_bytes(self.array()?)),
-            7 => match self.array::<1>()?[0] {
-                0 => Value::Bool(false),
-                1 => Value::Bool(true),
-                b => bail!("invalid bool byte {b}"),
-            },
             8 => Value::String(self.string()?),
-            9 => {
-                if depth > 0 {
-                    bail!("nested metadata arrays are not supported");
-                }
-                let item_type = self.u32()?;
-                let n = self.count("array item", min_value_bytes(item_type)?)?;
-                let items = (0..n)
-                    .map(|_| self.value(item_type, depth + 1))
-                    .collect::<Result<_>>()?;
-                Value::Array(items)
+            9 => Value::Array(self.array_value()?),
+            _ => {
+                let width = scalar_width(type_id);
+                ensure!(width > 0, "unknown metadata value type {type_id}");
+                scalar(type_id, self.scalars(type_id, 1)?)
             }
-            10 => Value::U64(self.u64()?),
-            11 => Value::I64(i64::from_le_bytes(self.array()?)),
-            12 => Value::F64(f64::from_le_bytes(self.array()?)),
-            _ => bail!("unknown metadata value type {type_id}"),
         })
     }
-}
 
-fn min_value_bytes(type_id: u32) -> Result<u64> {
-    Ok(match type_id {
-        0 | 1 | 7 => 1,
-        2 | 3 => 2,
-        4..=6 => 4,
-        8..=12 => 8, // string and array lengths are u64
-        _ => bail!("unknown metadata value type {type_id}"),
-    })
+    fn array_value(&mut self) -> Result<Array> {
+        let type_id = self.u32()?;
+        Ok(match type_id {
+            8 => {
+                let n = self.count("array item", 8)?;
+                Array::Strings((0..n).map(|_| self.string()).collect::<Result<_>>()?)
+            }
+            9 => bail!("nested metadata arrays are not supported"),
+            _ => {
+                let width = scalar_width(type_id);
+                ensure!(width > 0, "unknown metadata value type {type_id}");
+                let n = self.count("array item", width as u64)?;
+                let bytes = self.scalars(type_id, n)?.to_vec();
+                Array::Scalars { type_id, bytes }
+            }
+        })
+    }
+
+    /// The bytes of `n` numbers or booleans of metadata type `type_id`; a boolean byte
+    /// must be 0 or 1.
+    fn scalars(&mut self, type_id: u32, n: usize) -> Result<&'a [u8]> {
+        let bytes = self.take((n * scalar_width(type_id)) as u64)?;
+        if type_id == 7
+            && let Some(b) = bytes.iter().find(|&&b| b > 1)
+        {
+            bail!("invalid bool byte {b}");
+        }
+        Ok(bytes)
+    }
 }
 
 type Parsed = (BTreeMap<String, Value>, Vec<TensorInfo>);
@@ -297,7 +409,7 @@ pub fn parse(bytes: &[u8]) -> Result<Parsed> {
         let key = cur.string().context("metadata key")?;
         let type_id = cur.u32()?;
         let value = cur
-            .value(type_id, 0)
+            .value(type_id)
             .with_context(|| format!("metadata {key}"))?;
         // As ggml's reader: a second value for a key is an error, not the one that counts.
         ensure!(!metadata.contains_key(&key), "duplicate metadata key {key}");

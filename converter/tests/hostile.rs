@@ -1591,3 +1591,55 @@ fn a_locked_output_directory_is_refused() {
     }
     assert!(converter(&[&"verify", &out, &"--source", &src]).success);
 }
+
+/// Class 23 (issue 42's seventh): a GGUF holding one large metadata array. Memory must stay
+/// within a small multiple of the file: a 32 MiB array of bytes took 1061 MB (a 32-byte value
+/// an item) before it was read compactly.
+#[test]
+fn a_large_metadata_array_takes_memory_in_proportion_to_the_file() {
+    const ARRAY_BYTES: usize = 32 << 20;
+    let tmp = tempfile::tempdir().unwrap();
+    for (what, item_type, item) in [
+        ("bytes", 0u32, vec![7u8]),
+        ("f32 numbers", 6, 0.5f32.to_le_bytes().to_vec()),
+    ] {
+        let n = ARRAY_BYTES / item.len();
+        let mut value = item_type.to_le_bytes().to_vec();
+        value.extend((n as u64).to_le_bytes());
+        value.extend(item.repeat(n));
+        let bytes = tiny_gguf().raw("general.notes", 9, &value).build();
+        let file_mb = bytes.len() as f64 / 1e6;
+        let dir = tmp.path().join(item_type.to_string());
+        std::fs::create_dir(&dir).unwrap();
+        let gguf = gguf_path(&dir, bytes);
+        let (succeeded, peak_mb) = peak_rss(&args(&[&"import-gguf", &gguf, &dir.join("out")]));
+        assert!(succeeded, "{what}: the import failed");
+        eprintln!("{what}: peak {peak_mb:.0} MB, file {file_mb:.0} MB");
+        // The file mapped and read, its array copied once, and the binary itself.
+        let bound_mb = 4.0 * file_mb + 64.0;
+        assert!(
+            peak_mb < bound_mb,
+            "{what}: peak RSS {peak_mb:.0} MB for a {file_mb:.0} MB file (bound {bound_mb:.0})"
+        );
+    }
+}
+
+/// Runs the converter with `args`; whether it succeeded, and its peak resident memory in MB
+/// (`wait4`'s `ru_maxrss`, this child's alone).
+fn peak_rss(args: &[OsString]) -> (bool, f64) {
+    let child = Command::new(binary(Bin::Converter))
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut status = 0;
+    // SAFETY: an all-zero rusage is a valid value for wait4 to fill in.
+    let mut usage: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: waits for this test's own child, which `Child` never waits for after this.
+    let pid = unsafe { libc::wait4(child.id() as i32, &mut status, 0, &mut usage) };
+    assert_eq!(pid, child.id() as i32);
+    let succeeded = libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0;
+    (succeeded, usage.ru_maxrss as f64 * 1024.0 / 1e6)
+}

@@ -435,9 +435,9 @@ impl Hyperparams {
 fn gemma3_sliding_layers(pattern: Option<&Value>, layers: u64, key: &str) -> Result<Vec<bool>> {
     let flags = match pattern {
         Some(Value::Array(items)) => {
-            let flags = (items.iter())
+            let flags = (items.values())
                 .map(|v| match v {
-                    Value::Bool(b) => Some(*b),
+                    Value::Bool(b) => Some(b),
                     _ => None,
                 })
                 .collect::<Option<Vec<bool>>>()
@@ -555,6 +555,7 @@ impl Llama3Rope {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::gguf::Array;
 
     fn hyperparams(arch: Arch, layers: u64) -> Hyperparams {
         Hyperparams {
@@ -627,11 +628,14 @@ mod tests {
         );
         assert_eq!(layers(Some(Value::U32(0)), 2).unwrap(), [true, true]);
         assert_eq!(layers(Some(Value::U32(1)), 2).unwrap(), [false, false]);
-        let flags = Value::Array(vec![Value::Bool(false), Value::Bool(true)]);
+        let flags = Value::Array(Array::of(&[Value::Bool(false), Value::Bool(true)]));
         assert_eq!(layers(Some(flags.clone()), 2).unwrap(), [false, true]);
         for (value, expected) in [
             (flags, "has 2 entries for 3 layers"),
-            (Value::Array(vec![Value::U8(1); 3]), "holds a non-boolean"),
+            (
+                Value::Array(Array::of(&[Value::U8(1), Value::U8(1), Value::U8(1)])),
+                "holds a non-boolean",
+            ),
             (Value::String("6".into()), "is not a layer count or flags"),
         ] {
             let error = layers(Some(value), 3).unwrap_err();

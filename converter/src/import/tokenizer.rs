@@ -98,9 +98,9 @@ impl TokenizerSpec {
             .collect();
         let types = match gguf.get("tokenizer.ggml.token_type") {
             Some(Value::Array(items)) => items
-                .iter()
+                .values()
                 .map(|v| match v {
-                    Value::I32(t) => Ok(i64::from(*t)),
+                    Value::I32(t) => Ok(i64::from(t)),
                     other => other
                         .as_u64()
                         .map(|t| t as i64)
@@ -124,7 +124,7 @@ impl TokenizerSpec {
         let model = if sentencepiece {
             let scores = match gguf.get("tokenizer.ggml.scores") {
                 Some(Value::Array(items)) => items
-                    .iter()
+                    .values()
                     .map(|v| match v.as_f64() {
                         Some(s) if s.is_finite() => Ok(s as f32),
                         _ => {

@@ -518,6 +518,16 @@ fn a_conversation_with_tool_results_is_answered() {
     };
     assert_eq!(prompt(""), prompt("{}"));
     assert_eq!(prompt(" "), prompt("{}"));
+    // Arguments reach the template as Python's `json.loads` (vLLM's reading) gives them to
+    // transformers' (issue 42): `-0` is the integer 0, a float past f64's range infinity (not
+    // refused), an integer past 64 bits all its digits (SmolLM2 writes a digit a token, so
+    // two of the same length take as many tokens; through f64 their lengths differed).
+    assert_eq!(prompt(r#"{"n": -0}"#), prompt(r#"{"n": 0}"#));
+    assert_eq!(prompt(r#"{"n": 1E400}"#), prompt(r#"{"n": 1e999}"#));
+    assert_eq!(
+        prompt(r#"{"n": 98765432109876543210987654321}"#),
+        prompt(r#"{"n": 12345678901234567890123456789}"#)
+    );
     // Broken: arguments that are not JSON; a result without its call's id.
     for messages in [
         json!([question, call(r#"{"location": {"city": "Paris"#), result]),
@@ -526,6 +536,110 @@ fn a_conversation_with_tool_results_is_answered() {
     ] {
         let (status, v) = server.post("/v1/chat/completions", &body(messages, "auto"));
         assert_refused(status, &v, "messages");
+    }
+    still_serves(&server);
+}
+
+/// `openai.pydantic_function_tool(Order, name="place_order")` (openai 3.57.0, pydantic
+/// 2.14.4): a nested model (`Address`) and an enum (`Size`) in `$defs`; and a person whose
+/// manager is a person (`{"$ref": "#"}`).
+fn tools_with_references() -> Value {
+    json!([
+        {"type": "function", "function": {"name": "place_order", "strict": true, "parameters": {"$defs": {"Address": {"properties": {"street": {"title": "Street", "type": "string"}, "city": {"title": "City", "type": "string"}}, "required": ["street", "city"], "title": "Address", "type": "object", "additionalProperties": false}, "Size": {"enum": ["small", "large"], "title": "Size", "type": "string"}}, "properties": {"address": {"$ref": "#/$defs/Address"}, "size": {"$ref": "#/$defs/Size"}, "count": {"title": "Count", "type": "integer"}}, "required": ["address", "size", "count"], "title": "Order", "type": "object", "additionalProperties": false}}},
+        {"type": "function", "function": {"name": "record_person", "parameters": {
+            "type": "object",
+            "properties": {"name": {"type": "string", "maxLength": 20}, "manager": {"$ref": "#"}},
+            "required": ["name"], "additionalProperties": false}}},
+    ])
+}
+
+/// Tools whose parameters hold references (a Pydantic model's `$defs`, a recursive `#`)
+/// are called under `required` and by name, the arguments valid against the tool's own
+/// schema, references resolved there (issue 42: `$defs` did not compile, `#` meant the
+/// call's schema).
+#[test]
+fn forced_calls_of_tools_with_references_are_valid() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = tools_server(&dir, &[]);
+    let tools = tools_with_references();
+    let named = |name: &str| json!({"type": "function", "function": {"name": name}});
+    for (ask, choice) in [
+        (
+            "Order two large pizzas to 1 Main St, Oslo.",
+            json!("required"),
+        ),
+        (
+            "Order two large pizzas to 1 Main St, Oslo.",
+            named("place_order"),
+        ),
+        (
+            "Record employee Ann, whose manager is Bob.",
+            named("record_person"),
+        ),
+    ] {
+        let body = json!({"messages": [{"role": "user", "content": ask}], "tools": tools,
+                          "tool_choice": choice, "parallel_tool_calls": false,
+                          "temperature": 0, "max_tokens": 100});
+        let v = post_ok(&server, &body);
+        let calls = calls_of(&v, 0, &tools);
+        assert_eq!(calls.len(), 1, "{v}");
+        eprintln!("{choice}: {calls:?}");
+    }
+}
+
+/// A tool whose schema llguidance refuses or misreads as written (`multipleOf: 0.07`, an
+/// integer over the int64 range, a number bounded at ±1e308, a date) is called, its
+/// arguments valid against the schema with formats checked (February 29th only in leap
+/// years); past what any rewriting saves, one 400 naming the field and the limit (issue 42).
+#[test]
+fn tool_schemas_at_the_library_limits_are_called_or_refused_by_name() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = tools_server(&dir, &[]);
+    let pay = |amount: Value| {
+        json!([{"type": "function", "function": {"name": "pay", "parameters": {
+            "type": "object", "properties": {
+                "amount": amount,
+                "account": {"type": "integer", "minimum": -9223372036854775808i64,
+                            "maximum": 9223372036854775807i64},
+                "rate": {"type": "number", "minimum": -1e308, "maximum": 1e308},
+                "day": {"type": "string", "format": "date"}},
+            "required": ["amount", "account", "rate", "day"], "additionalProperties": false}}}])
+    };
+    let body = |tools: &Value, choice: Value| {
+        json!({"messages": [{"role": "user", "content": "Pay 0.21 from account 7 on 29 February 2023."}],
+               "tools": tools, "tool_choice": choice, "parallel_tool_calls": false,
+               "temperature": 0, "max_tokens": 80})
+    };
+    let tools = pay(json!({"type": "number", "multipleOf": 0.07, "minimum": 0}));
+    let v = post_ok(&server, &body(&tools, json!("required")));
+    let calls = calls_of(&v, 0, &tools);
+    let arguments: Value = serde_json::from_str(&calls[0].1).unwrap();
+    let schema = schema_of(&tools, "pay").unwrap();
+    let validator = jsonschema::options()
+        .should_validate_formats(true)
+        .build(schema)
+        .unwrap();
+    assert!(validator.is_valid(&arguments), "{arguments}");
+    eprintln!("pay: {arguments}");
+    let named = json!({"type": "function", "function": {"name": "pay"}});
+    for (amount, choice, param, expected) in [
+        (
+            json!({"type": "number", "multipleOf": 1e10}),
+            json!("required"),
+            "tools",
+            "multipleOf 10000000000: past constrained decoding's limit: a multiple must be a whole number below 2^32",
+        ),
+        (
+            json!({"type": "number", "minimum": 1e20}),
+            named,
+            "tool_choice",
+            "minimum 100000000000000000000 is past ±9007199254740991 (2^53 - 1)",
+        ),
+    ] {
+        let (status, v) = server.post("/v1/chat/completions", &body(&pay(amount), choice));
+        assert_refused(status, &v, param);
+        let message = v["error"]["message"].as_str().unwrap();
+        assert!(message.contains(expected), "{message}");
     }
     still_serves(&server);
 }

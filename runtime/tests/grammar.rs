@@ -6,6 +6,13 @@
 //!
 //! Skipped when the artifact is missing (`REQUIRE_MODEL=1`, set by `just test`, makes that
 //! a failure).
+//!
+//! Without a model, over a tiny vocabulary: schemas llguidance refuses or misreads as
+//! written (`multipleOf: 0.07`, bounds at the int64 range and ±1e308, February 29th of any
+//! year) compile and mean what they say, and those past what any rewriting can save are
+//! refused naming the keyword and the limit (issue 42).
+
+mod tiny_vocabulary;
 
 use std::path::PathBuf;
 
@@ -15,7 +22,8 @@ use runtime::generate::{GenerateOptions, Generator, StopReason};
 use runtime::text::grammar::{Grammar, Grammars};
 use runtime::text::tokenizer::Tokenizer;
 use serde::Deserialize;
-use serde_json::Value;
+use serde_json::{Value, json};
+use tiny_vocabulary::Tiny;
 
 #[derive(Deserialize)]
 struct Schemas {
@@ -170,4 +178,133 @@ fn vocabulary_bytes_spell_the_text() {
     }
     let specials = (words.iter()).filter(|w| w.first() == Some(&0xFF)).count();
     assert!(specials > 0, "the special tokens are marked");
+}
+
+/// `schema` as a grammar.
+fn schema(schema: Value) -> Grammar {
+    Grammar::JsonSchema(schema)
+}
+
+/// Whether the decimal `text` is a whole multiple of 7/100.
+fn is_multiple_of_seven_hundredths(text: &str) -> bool {
+    let unsigned = text.trim_start_matches('-');
+    let (whole, fraction) = unsigned.split_once('.').unwrap_or((unsigned, ""));
+    let fraction = fraction.trim_end_matches('0');
+    let hundredths = format!("{whole}{fraction:0<2}");
+    let remainder = (hundredths.bytes()).try_fold(0u32, |rest, b| {
+        b.is_ascii_digit()
+            .then(|| (rest * 10 + u32::from(b - b'0')) % 7)
+    });
+    fraction.len() <= 2 && remainder == Some(0)
+}
+
+/// `multipleOf: 0.07` (not exact as a float) compiles and means multiples of 7/100, as
+/// written in decimal: allowed and refused texts, and numbers drawn at random under it.
+#[test]
+fn multiples_of_inexact_decimals_are_decimal_multiples() {
+    let tiny = Tiny::new();
+    let grammar = schema(json!({"type": "number", "multipleOf": 0.07}));
+    for (text, allowed) in [
+        ("0.07", true),
+        ("0.21", true),
+        ("-0.14", true),
+        ("7", true),
+        ("0", true),
+        ("0.1", false),
+        ("0.05", false),
+        ("1", false),
+    ] {
+        assert_eq!(tiny.allows(&grammar, text), allowed, "{text}");
+    }
+    let mut drawn = 0;
+    for seed in 0..30 {
+        if let Some(text) = tiny.walk(&grammar, seed, 40) {
+            assert!(is_multiple_of_seven_hundredths(&text), "{text}");
+            drawn += 1;
+        }
+    }
+    assert!(drawn >= 10, "{drawn}");
+}
+
+/// Bounds at the int64 range and at ±1e308 compile (narrowed to ±(2^53 - 1), inside the
+/// schema's range); what they allow is within both.
+#[test]
+fn bounds_at_the_int64_and_float_ranges_compile() {
+    let tiny = Tiny::new();
+    let int64 = schema(
+        json!({"type": "integer", "minimum": -9223372036854775808i64, "maximum": 9223372036854775807i64}),
+    );
+    let double = schema(json!({"type": "number", "minimum": -1e308, "maximum": 1e308}));
+    let open = schema(
+        json!({"type": "number", "exclusiveMinimum": -1.7976931348623157e308, "exclusiveMaximum": 1.7976931348623157e308}),
+    );
+    for (grammar, text, allowed) in [
+        (&int64, "9007199254740991", true),
+        (&int64, "-9007199254740991", true),
+        (&int64, "0", true),
+        (&int64, "12345678901234567", false),
+        (&int64, "1.5", false),
+        (&double, "-2.25", true),
+        (&double, "9007199254740991.5", false),
+        (&open, "3.75", true),
+    ] {
+        assert_eq!(tiny.allows(grammar, text), allowed, "{text}");
+    }
+}
+
+/// Dates follow the calendar: February 29th in leap years only, in `date` and `date-time`,
+/// with a schema's own pattern kept beside it.
+#[test]
+fn dates_are_calendar_dates() {
+    let tiny = Tiny::new();
+    let date = schema(json!({"type": "string", "format": "date"}));
+    let date_time = schema(json!({"type": "string", "format": "date-time"}));
+    let patterned = schema(json!({"type": "string", "format": "date", "pattern": "^2023"}));
+    for (grammar, text, allowed) in [
+        (&date, "2024-02-29", true),
+        (&date, "2000-02-29", true),
+        (&date, "2023-02-28", true),
+        (&date, "2023-02-29", false),
+        (&date, "1900-02-29", false),
+        (&date, "2023-04-31", false),
+        (&date_time, "2024-02-29T12:00:00Z", true),
+        (&date_time, "2023-02-29T12:00:00Z", false),
+        (&patterned, "2023-02-28", true),
+        (&patterned, "2023-02-29", false),
+        (&patterned, "2024-02-29", false),
+    ] {
+        assert_eq!(
+            tiny.allows(grammar, &format!("{text:?}")),
+            allowed,
+            "{text}"
+        );
+    }
+}
+
+/// What no rewriting saves is refused naming the keyword, where it is and the limit.
+#[test]
+fn schemas_past_the_limits_are_refused_by_name() {
+    let tiny = Tiny::new();
+    for (schema, expected) in [
+        (
+            json!({"type": "number", "multipleOf": 1e10}),
+            "at the schema's root: multipleOf 10000000000: past constrained decoding's limit: a multiple must be a whole number below 2^32 divided by a power of ten",
+        ),
+        (
+            json!({"properties": {"n": {"type": "number", "minimum": 1e20}}}),
+            "at /properties/n: minimum 100000000000000000000 is past ±9007199254740991 (2^53 - 1)",
+        ),
+        (
+            json!({"items": {"type": "integer", "maximum": -1e19}}),
+            "at /items: maximum -10000000000000000000 is past ±9007199254740991",
+        ),
+    ] {
+        let error = tiny
+            .grammars
+            .constraint(&Grammar::JsonSchema(schema))
+            .err()
+            .expect("refused")
+            .0;
+        assert!(error.starts_with(expected), "{error}");
+    }
 }

@@ -4,8 +4,16 @@
 //! The outputs are written by hand in the formats the Qwen2.5 and Llama 3.2 templates
 //! teach (runtime/tests/data/chat-tools), as those models write them (whitespace and key
 //! order included); no model output could be recorded here (no hub access).
+//!
+//! The grammars that force calls are checked over a tiny vocabulary without a model: which
+//! texts they allow, and calls drawn at random under them validate against their tools.
 
-use runtime::text::tools::{Call, Delta, Format, Parser};
+mod tiny_vocabulary;
+
+use runtime::text::grammar::Grammar;
+use runtime::text::tools::{Call, Delta, Format, Parser, Tool};
+use serde_json::{Value, json};
+use tiny_vocabulary::Tiny;
 
 fn names() -> Vec<String> {
     ["get_weather", "search", "noop"].map(String::from).to_vec()
@@ -68,18 +76,43 @@ fn cases() -> Vec<Case> {
             content: None,
             calls: vec![call("search", r#"{"q":"rust"}"#)],
         },
-        // A call cut off (max_tokens) is left out, whole blocks before it kept, as is a
-        // tag cut off as it began.
+        // A call cut off (max_tokens) is left out, whole blocks before it kept.
         Case {
             format: Hermes,
             text: "Sure <tool_call>\n{\"name\": \"search\", \"argu",
             content: Some("Sure"),
             calls: vec![],
         },
+        // Text the message ended in that only began like a call is content: the start of
+        // a tag, the tag itself, the tag before text that is no call (issue 42).
         Case {
             format: Hermes,
             text: "<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n</tool_call>\n<tool_",
-            content: None,
+            content: Some("<tool_"),
+            calls: vec![call("noop", "{}")],
+        },
+        Case {
+            format: Hermes,
+            text: "I put <tool_call> in my notes.",
+            content: Some("I put <tool_call> in my notes."),
+            calls: vec![],
+        },
+        Case {
+            format: Hermes,
+            text: "The tag is <tool_call>\n",
+            content: Some("The tag is <tool_call>"),
+            calls: vec![],
+        },
+        Case {
+            format: Hermes,
+            text: "Use the <tool",
+            content: Some("Use the <tool"),
+            calls: vec![],
+        },
+        Case {
+            format: Hermes,
+            text: "<tool_call>\n{\"name\": \"noop\", \"arguments\": {}}\n</tool_call> I used <tool_call> [1, 2]",
+            content: Some("I used <tool_call> [1, 2]"),
             calls: vec![call("noop", "{}")],
         },
         // Arguments as the model wrote them, the whitespace between tokens left out:
@@ -227,4 +260,160 @@ fn content_streams_before_the_end() {
     );
     let mut parser = Parser::new(Format::Llama3, names());
     assert_eq!(parser.push("Hi"), vec![Delta::Content("Hi".into())]);
+}
+
+/// `openai.pydantic_function_tool(Order, name="place_order")` (openai 3.57.0, pydantic
+/// 2.14.4) for `Order(address: Address, size: Size, count: int)`, `Address(street: str,
+/// city: str)`, `Size` an enum of "small" and "large": the nested model and the enum are
+/// in `$defs`.
+fn place_order() -> Tool {
+    let parameters = json!({"$defs": {"Address": {"properties": {"street": {"title": "Street", "type": "string"}, "city": {"title": "City", "type": "string"}}, "required": ["street", "city"], "title": "Address", "type": "object", "additionalProperties": false}, "Size": {"enum": ["small", "large"], "title": "Size", "type": "string"}}, "properties": {"address": {"$ref": "#/$defs/Address"}, "size": {"$ref": "#/$defs/Size"}, "count": {"title": "Count", "type": "integer"}}, "required": ["address", "size", "count"], "title": "Order", "type": "object", "additionalProperties": false});
+    Tool {
+        name: "place_order".into(),
+        parameters,
+    }
+}
+
+/// A tree: its children are trees (`{"$ref": "#"}`, the tool's own schema).
+fn tree() -> Tool {
+    Tool {
+        name: "tree".into(),
+        parameters: json!({"type": "object", "properties": {
+            "value": {"type": "integer", "minimum": 0, "maximum": 9},
+            "children": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}},
+            "required": ["value"], "additionalProperties": false}),
+    }
+}
+
+/// A schema with an `$id` of its own, its references inside it, and a pointer into its
+/// properties.
+fn with_id() -> Tool {
+    Tool {
+        name: "with-id".into(),
+        parameters: json!({"$id": "https://example.com/point.json", "type": "object",
+            "properties": {"x": {"$ref": "#/definitions/coordinate"}, "y": {"$ref": "#/properties/x"}},
+            "required": ["x", "y"], "additionalProperties": false,
+            "definitions": {"coordinate": {"type": "integer", "minimum": -5, "maximum": 5}}}),
+    }
+}
+
+fn all_tools() -> Vec<Tool> {
+    vec![place_order(), tree(), with_id()]
+}
+
+/// `arguments` as a whole answer calling `name` in `format`.
+fn answer(format: Format, name: &str, arguments: &str) -> String {
+    match format {
+        Format::Hermes => {
+            format!(
+                "<tool_call>\n{{\"name\": \"{name}\", \"arguments\": {arguments}}}\n</tool_call>"
+            )
+        }
+        Format::Llama3 => format!("{{\"name\": \"{name}\", \"parameters\": {arguments}}}"),
+    }
+}
+
+/// Tool parameters with references (`$defs` from a Pydantic model, `#`, a pointer into
+/// the properties, a schema with its own `$id`) compile in every format, under `required`
+/// (all tools) and a named tool, and mean what they mean in the tool's own schema: their
+/// arguments are allowed, others refused (issue 42: `$defs` failed to compile, `#` meant
+/// the call).
+#[test]
+fn references_in_tool_parameters_resolve_in_the_tool() {
+    let tiny = Tiny::new();
+    let order =
+        r#"{"address": {"street": "1 Main St", "city": "Oslo"}, "size": "large", "count": 2}"#;
+    let tree = r#"{"value": 1, "children": [{"value": 2, "children": []}, {"value": 3}]}"#;
+    for format in [Format::Hermes, Format::Llama3] {
+        let required = format.grammar(&all_tools(), false);
+        for (name, arguments, allowed) in [
+            ("place_order", order, true),
+            ("place_order", &order.replace("large", "medium"), false),
+            (
+                "place_order",
+                &order.replace(r#", "city": "Oslo""#, ""),
+                false,
+            ),
+            ("tree", tree, true),
+            (
+                "tree",
+                r#"{"value": 4, "children": [{"value": 10}]}"#,
+                false,
+            ),
+            // What `#` meant pasted into the call's schema: a call as a child.
+            (
+                "tree",
+                r#"{"value": 1, "children": [{"name": "tree", "arguments": {"value": 2}}]}"#,
+                false,
+            ),
+            ("with-id", r#"{"x": 5, "y": -5}"#, true),
+            ("with-id", r#"{"x": 6, "y": 0}"#, false),
+        ] {
+            let text = answer(format, name, arguments);
+            assert_eq!(tiny.allows(&required, &text), allowed, "{format:?}: {text}");
+            let named = format.grammar(
+                &[all_tools().into_iter().find(|t| t.name == name).unwrap()],
+                false,
+            );
+            assert_eq!(
+                tiny.allows(&named, &text),
+                allowed,
+                "{format:?} named: {text}"
+            );
+        }
+    }
+}
+
+/// Calls drawn at random under the forced grammars, in both formats, are read back as
+/// calls whose arguments validate against their tool's schema (the `jsonschema` crate).
+#[test]
+fn calls_drawn_under_the_grammar_validate_against_their_tool() {
+    let tiny = Tiny::new();
+    let tools = all_tools();
+    let names: Vec<String> = tools.iter().map(|t| t.name.clone()).collect();
+    let mut validated = 0;
+    for format in [Format::Hermes, Format::Llama3] {
+        for seed in 0..40 {
+            let grammar = format.grammar(&tools, true);
+            let Some(text) = tiny.walk(&grammar, seed, 600) else {
+                continue;
+            };
+            let (content, calls) = Parser::parse(format, names.clone(), &text);
+            assert_eq!(content, None, "{text}");
+            assert!(!calls.is_empty(), "{text}");
+            for call in calls {
+                let tool = tools.iter().find(|t| t.name == call.name).unwrap();
+                let arguments: Value = serde_json::from_str(&call.arguments).unwrap();
+                let validator = jsonschema::validator_for(&tool.parameters).unwrap();
+                let errors: Vec<String> = validator
+                    .iter_errors(&arguments)
+                    .map(|e| e.to_string())
+                    .collect();
+                assert!(
+                    errors.is_empty(),
+                    "{}({}): {errors:?}",
+                    call.name,
+                    call.arguments
+                );
+                validated += 1;
+            }
+        }
+    }
+    eprintln!("{validated} calls drawn and validated");
+    assert!(validated >= 20, "{validated} calls");
+}
+
+/// A reference to nothing still fails to compile (a 400 for the server), named.
+#[test]
+fn a_reference_to_nothing_is_refused() {
+    let tiny = Tiny::new();
+    let broken = Tool {
+        name: "f".into(),
+        parameters: json!({"type": "object", "properties": {"x": {"$ref": "#/$defs/missing"}}, "required": ["x"]}),
+    };
+    for format in [Format::Hermes, Format::Llama3] {
+        let grammar: Grammar = format.grammar(std::slice::from_ref(&broken), false);
+        let error = tiny.grammars.constraint(&grammar).err().expect("refused").0;
+        assert!(error.contains("missing"), "{error}");
+    }
 }

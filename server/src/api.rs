@@ -4,7 +4,7 @@
 //! answer as if that were what it asked for.
 
 use runtime::generate::sampling::SamplingParams;
-use runtime::text::chat::{FunctionCall, Message, ToolCall};
+use runtime::text::chat::{Arguments, FunctionCall, Message, ToolCall};
 use runtime::text::grammar::Grammar;
 use runtime::text::tools::{Format, Tool};
 use serde::Deserialize;
@@ -656,7 +656,8 @@ fn message(message: ChatMessage) -> Result<Message, ApiError> {
             Some(text)
         }
     };
-    // The templates write a call's arguments with `tojson`: an object, not its text.
+    // The templates write a call's arguments with `tojson`: the value, not its text, read as
+    // vLLM reads it (Python's `json.loads`, `Arguments`).
     let tool_calls = match (message.role.as_str(), message.tool_calls) {
         (_, None) => None,
         ("assistant", Some(calls)) => Some(
@@ -666,9 +667,9 @@ fn message(message: ChatMessage) -> Result<Message, ApiError> {
                     // "" for a call to a tool without parameters).
                     let text = call.function.arguments.trim();
                     let arguments = if text.is_empty() {
-                        serde_json::json!({})
+                        Arguments::empty()
                     } else {
-                        serde_json::from_str(text).map_err(|e| {
+                        Arguments::from_json(text).map_err(|e| {
                             invalid(format!(
                                 "the arguments of tool call {:?} are not JSON: {e}",
                                 call.id
@@ -954,7 +955,10 @@ mod tests {
             panic!("a chat prompt")
         };
         let calls = messages[1].tool_calls.as_ref().unwrap();
-        assert_eq!(calls[0].function.arguments, serde_json::json!({"x": 1}));
+        assert_eq!(
+            calls[0].function.arguments,
+            Arguments::from_json("{\"x\":1}").unwrap()
+        );
         assert_eq!(messages[1].content.as_deref(), Some(""));
         assert_eq!(messages[2].tool_call_id.as_deref(), Some("c1"));
         // Empty arguments are none (vLLM's reading).
@@ -964,9 +968,47 @@ mod tests {
             panic!("a chat prompt")
         };
         let calls = messages[0].tool_calls.as_ref().unwrap();
-        assert_eq!(calls[0].function.arguments, serde_json::json!({}));
+        assert_eq!(calls[0].function.arguments, Arguments::empty());
         let broken = r#"{"messages":[{"role":"assistant","tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{x"}}]}]}"#;
         assert!(chat_error(broken).contains("not JSON"));
+    }
+
+    /// A conversation that used a tool, sent back as OpenAI's clients send it (each call's
+    /// arguments a string of JSON), renders as transformers renders it once the strings are
+    /// read as vLLM reads them (`json.loads`): runtime/tests/data/chat-tools/round_trips.json,
+    /// made by scripts/make_tool_round_trip_goldens.py; arguments with integers past 64 and
+    /// 128 bits, `-0`, `1E400`, a repeated key, escapes (issue 42).
+    #[test]
+    fn tool_round_trips_render_as_transformers_does() {
+        let data = concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/../runtime/tests/data/chat-tools"
+        );
+        let file = std::fs::read(format!("{data}/round_trips.json")).unwrap();
+        let round_trips: Value = serde_json::from_slice(&file).unwrap();
+        let cases = round_trips["cases"].as_array().unwrap();
+        assert!(cases.len() >= 24);
+        for case in cases {
+            let body = serde_json::json!({"messages": case["messages"], "tools": case["tools"],
+                                          "chat_template_kwargs": case["kwargs"]});
+            let request = chat(body.to_string().as_bytes()).unwrap();
+            let [Prompt::Chat(messages)] = &request.prompts[..] else {
+                panic!("a chat prompt")
+            };
+            let template = case["template"].as_str().unwrap();
+            let token = |name: &str| case[name].as_str().unwrap_or_default().to_string();
+            let rendered = runtime::text::chat::ChatRequest {
+                template: std::fs::read_to_string(format!("{data}/{template}")).unwrap(),
+                bos_token: token("bos_token"),
+                eos_token: token("eos_token"),
+                messages: messages.clone(),
+                tools: request.tools.map(|tools| tools.offered),
+                kwargs: request.template_kwargs,
+            }
+            .render()
+            .unwrap();
+            assert_eq!(rendered, case["text"].as_str().unwrap(), "{}", case["name"]);
+        }
     }
 
     #[test]

@@ -16,7 +16,9 @@ use std::time::{Duration, Instant};
 
 use serde::{Deserialize, Serialize};
 
+mod arguments;
 mod tojson;
+pub use arguments::{Arguments, ArgumentsError};
 use tojson::tojson;
 
 /// Bounds on one rendering: enough for any real template over a long conversation, far too
@@ -76,8 +78,9 @@ impl Message {
     }
 }
 
-/// A call an assistant turn made: OpenAI's shape, with the arguments as a JSON value (the
-/// templates write them with `tojson`, so a string of JSON would print quoted).
+/// A call an assistant turn made: OpenAI's shape, with the arguments as the JSON value
+/// their string holds (the templates write them with `tojson`, so a string of JSON would
+/// print quoted), read as Python's `json.loads` reads it ([`Arguments`]).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ToolCall {
     pub id: String,
@@ -89,7 +92,7 @@ pub struct ToolCall {
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct FunctionCall {
     pub name: String,
-    pub arguments: serde_json::Value,
+    pub arguments: Arguments,
 }
 
 /// A chat template with what it is rendered over.

@@ -18,6 +18,10 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
 use crate::text::tokenizer::Tokenizer;
+use crate::text::tools::Calls;
+
+mod schema;
+pub(crate) use schema::for_each_schema;
 
 /// The whitespace JSON may have between two of its tokens: newlines and indentation as a
 /// model writes them, but bounded (llguidance's default is any amount), so that a small
@@ -26,7 +30,7 @@ use crate::text::tokenizer::Tokenizer;
 const WHITESPACE: &str = r"[\x20\x0A\x0D\x09]{1,24}";
 
 /// `schema` with [`WHITESPACE`] as the whitespace its JSON may have, unless it says its own.
-pub(crate) fn bounded_whitespace(schema: Value) -> Value {
+fn bounded_whitespace(schema: Value) -> Value {
     match schema {
         Value::Object(mut schema) if !schema.contains_key("x-guidance") => {
             let options = serde_json::json!({ "whitespace_pattern": WHITESPACE });
@@ -46,6 +50,8 @@ pub enum Grammar {
     Lark(String),
     /// A regular expression the whole text matches.
     Regex(String),
+    /// Calls of tools in a model's own format ([`crate::text::tools::Format::grammar`]).
+    ToolCalls(Calls),
 }
 
 impl Grammar {
@@ -54,15 +60,31 @@ impl Grammar {
         Grammar::JsonSchema(serde_json::json!({"type": "object"}))
     }
 
-    fn top_level(&self) -> TopLevelGrammar {
-        match self {
+    /// The grammar as llguidance takes it, its JSON Schemas rewritten where llguidance
+    /// would refuse or misread them as written (`schema`'s docs), or why they cannot be.
+    fn top_level(&self) -> Result<TopLevelGrammar, GrammarError> {
+        Ok(match self {
             Grammar::JsonSchema(schema) => {
-                TopLevelGrammar::from_json_schema(bounded_whitespace(schema.clone()))
+                TopLevelGrammar::from_json_schema(prepared(schema.clone())?)
             }
             Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
             Grammar::Regex(regex) => TopLevelGrammar::from_regex(regex),
-        }
+            Grammar::ToolCalls(calls) => {
+                let call = prepared(calls.schema())?;
+                match calls.lark(&call) {
+                    Some(lark) => TopLevelGrammar::from_lark(lark),
+                    None => TopLevelGrammar::from_json_schema(call),
+                }
+            }
+        })
     }
+}
+
+/// `schema` as llguidance is to compile it: rewritten (`schema`'s docs), with bounded
+/// whitespace.
+fn prepared(mut schema: Value) -> Result<Value, GrammarError> {
+    schema::prepare(&mut schema)?;
+    Ok(bounded_whitespace(schema))
 }
 
 /// A grammar that cannot be used, or a generation that left it (which a mask should make
@@ -143,7 +165,7 @@ impl Grammars {
     /// computed here, so that a grammar past llguidance's limits from the start (thousands
     /// of optional properties, say) fails now, not at the first token.
     pub fn constraint(&self, grammar: &Grammar) -> Result<Constraint, GrammarError> {
-        let parser = self.factory.create_parser(grammar.top_level());
+        let parser = self.factory.create_parser(grammar.top_level()?);
         let mut matcher = Matcher::new(parser);
         if let Some(e) = matcher.get_error() {
             return Err(GrammarError::from(e));

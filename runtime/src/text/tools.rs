@@ -13,9 +13,11 @@
 //! A block or message that is not a call of an offered tool (an unknown name, broken JSON)
 //! stays content: a call is never invented.
 
-use serde_json::{Value, json};
+use std::convert::Infallible;
 
-use crate::text::grammar::{self, Grammar};
+use serde_json::{Map, Value, json};
+
+use crate::text::grammar::{Grammar, for_each_schema};
 use crate::text::trim::{Trimmed, partial_suffix};
 
 /// How a model writes its tool calls.
@@ -73,33 +75,95 @@ impl Format {
     }
 
     /// A grammar under which the model's whole message is calls of `tools` in this format:
-    /// one, or with `parallel` one or more (Hermes; a Llama 3 message holds one call).
+    /// one, or with `parallel` one or more (Hermes; a Llama 3 message holds one call). The
+    /// tools' names are unique and of letters, digits, `_` and `-` (OpenAI's rule, which
+    /// the server checks): each names its parameters' place in the grammar's schema.
     pub fn grammar(self, tools: &[Tool], parallel: bool) -> Grammar {
-        let calls = |arguments: &str| {
-            let each = tools.iter().map(|tool| {
+        Grammar::ToolCalls(Calls {
+            format: self,
+            tools: tools.to_vec(),
+            parallel,
+        })
+    }
+}
+
+/// The calls a grammar allows: of which tools, in which format, one or several.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Calls {
+    format: Format,
+    tools: Vec<Tool>,
+    parallel: bool,
+}
+
+impl Calls {
+    /// The JSON Schema of one call: an offered tool's name with arguments valid against its
+    /// parameters. Each tool's parameters are put under `$defs`, named by the tool, with
+    /// their own references (`#`, `#/$defs/...`, any `#/...`) pointed there: pasted into the
+    /// call as written they would resolve against the call's schema instead (issue 42).
+    pub(crate) fn schema(&self) -> Value {
+        let key = match self.format {
+            Format::Hermes => "arguments",
+            Format::Llama3 => "parameters",
+        };
+        let mut defs = Map::new();
+        let each: Vec<Value> = (self.tools.iter())
+            .map(|tool| {
+                defs.insert(tool.name.clone(), embedded(&tool.name, &tool.parameters));
                 json!({
                     "type": "object",
                     "properties": {
                         "name": {"const": tool.name},
-                        arguments: tool.parameters,
+                        key: {"$ref": format!("#/$defs/{}", tool.name)},
                     },
-                    "required": ["name", arguments],
+                    "required": ["name", key],
                     "additionalProperties": false,
                 })
-            });
-            grammar::bounded_whitespace(json!({ "anyOf": each.collect::<Vec<_>>() }))
-        };
-        match self {
+            })
+            .collect();
+        json!({ "anyOf": each, "$defs": defs })
+    }
+
+    /// The Lark grammar of the calls whose JSON follows `call` (the prepared [`Self::schema`]),
+    /// or `None` where the whole message is that JSON (Llama 3).
+    pub(crate) fn lark(&self, call: &Value) -> Option<String> {
+        match self.format {
             Format::Hermes => {
-                let call = calls("arguments");
-                let repeat = if parallel { r#" ("\n" call)*"# } else { "" };
-                Grammar::Lark(format!(
+                let repeat = if self.parallel {
+                    r#" ("\n" call)*"#
+                } else {
+                    ""
+                };
+                Some(format!(
                     "start: call{repeat}\ncall: \"{OPEN}\\n\" %json {call} \"\\n{CLOSE}\"\n"
                 ))
             }
-            Format::Llama3 => Grammar::JsonSchema(calls("parameters")),
+            Format::Llama3 => None,
         }
     }
+}
+
+/// A tool's parameters as they are to sit at `#/$defs/{name}` of the call's schema: each
+/// reference into the parameters (`#` and any `#/...`) pointed at that place. The root's
+/// `$id` goes: it would make those references resolve against the tool's schema alone.
+fn embedded(name: &str, parameters: &Value) -> Value {
+    let mut schema = parameters.clone();
+    if let Value::Object(root) = &mut schema {
+        root.remove("$id");
+    }
+    let place = format!("#/$defs/{name}");
+    let Ok(()) = for_each_schema::<Infallible>(&mut schema, "", &mut |object, _| {
+        let pointer = match object.get("$ref").and_then(Value::as_str) {
+            Some(reference) => reference.strip_prefix('#'),
+            None => None,
+        };
+        // `#name` (an `$anchor`) is not a pointer: left as written.
+        if let Some(pointer) = pointer.filter(|p| p.is_empty() || p.starts_with('/')) {
+            let pointer = format!("{place}{pointer}");
+            object.insert("$ref".into(), pointer.into());
+        }
+        Ok(())
+    });
+    schema
 }
 
 /// Reads a model's text into content and calls as it arrives. Content is the text outside
@@ -188,12 +252,8 @@ impl Parser {
                         self.block(out, &body);
                     }
                     None if end => {
-                        // A block the message ended in, unclosed (cut by max_tokens): a call
-                        // if whole, else left out: half a call is neither text nor a call.
                         let body = std::mem::take(&mut self.held);
-                        if let Some(call) = self.call(&body, "arguments") {
-                            out.push(Delta::Call(call));
-                        }
+                        self.unclosed_block(out, &body);
                         return;
                     }
                     None => return,
@@ -206,18 +266,31 @@ impl Parser {
                         self.state = State::Block;
                     }
                     None => {
-                        // Hold back a tail that may be the start of `<tool_call>`; at the
-                        // end, such a tail is a call cut off as it began, and left out.
-                        let keep = partial_suffix(&self.held, OPEN);
+                        // Hold back a tail that may be the start of `<tool_call>`, until the
+                        // end: a message that ends in one wrote text, not a call (issue 42).
+                        let keep = if end {
+                            0
+                        } else {
+                            partial_suffix(&self.held, OPEN)
+                        };
                         let text: String = self.held.drain(..self.held.len() - keep).collect();
                         self.content(out, &text);
-                        if end {
-                            self.held.clear();
-                        }
                         return;
                     }
                 },
             }
+        }
+    }
+
+    /// The body of a block the message ended in, unclosed: a call if whole; left out if a
+    /// call's JSON cut short (by max_tokens: half a call is neither text nor a call); else
+    /// text that only mentions the tag (`I put <tool_call> in my notes.`), content as it
+    /// came (issue 42).
+    fn unclosed_block(&mut self, out: &mut Vec<Delta>, body: &str) {
+        if let Some(call) = self.call(body, "arguments") {
+            out.push(Delta::Call(call));
+        } else if !is_cut_short_object(body) {
+            self.content(out, &format!("{OPEN}{body}"));
         }
     }
 
@@ -341,6 +414,12 @@ fn compact(json: &str) -> String {
         out.push(c);
     }
     out
+}
+
+/// Whether `text` is the start of a JSON object cut short (what a call being written is).
+fn is_cut_short_object(text: &str) -> bool {
+    let text = text.trim_start();
+    text.starts_with('{') && serde_json::from_str::<Value>(text).is_err_and(|e| e.is_eof())
 }
 
 /// Where the block whose body starts `text` ends: the first `</tool_call>` after which the

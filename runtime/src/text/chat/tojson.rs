@@ -11,6 +11,8 @@ use std::fmt::Write;
 use minijinja::value::{Kwargs, Value, ValueKind};
 use minijinja::{Error, ErrorKind};
 
+use super::arguments::WholeNumber;
+
 struct Style {
     ensure_ascii: bool,
     /// The text of one level of indentation; `None` writes everything on one line.
@@ -55,6 +57,11 @@ fn invalid(message: String) -> Error {
 }
 
 fn write_value(out: &mut String, value: &Value, style: &Style, depth: usize) -> Result<(), Error> {
+    // An integer past 128 bits from a call's arguments: its digits, as Python's int prints.
+    if let Some(whole) = value.downcast_object_ref::<WholeNumber>() {
+        out.push_str(&whole.0);
+        return Ok(());
+    }
     match value.kind() {
         ValueKind::None => out.push_str("null"),
         ValueKind::Bool => out.push_str(if value.is_true() { "true" } else { "false" }),

@@ -18,7 +18,6 @@ use llguidance::{Matcher, ParserFactory};
 use serde_json::Value;
 
 use crate::text::tokenizer::Tokenizer;
-use crate::text::tools::Calls;
 
 mod schema;
 pub(crate) use schema::for_each_schema;
@@ -50,8 +49,15 @@ pub enum Grammar {
     Lark(String),
     /// A regular expression the whole text matches.
     Regex(String),
-    /// Calls of tools in a model's own format ([`crate::text::tools::Format::grammar`]).
-    ToolCalls(Calls),
+    /// JSON values valid against `schema`, each between the literal texts `open` and
+    /// `close`; one, or with `separator` one or more, that text between two (tool calls in a
+    /// model's own format, `crate::text::tools::Format::grammar`).
+    Delimited {
+        schema: Value,
+        open: String,
+        close: String,
+        separator: Option<String>,
+    },
 }
 
 impl Grammar {
@@ -69,15 +75,30 @@ impl Grammar {
             }
             Grammar::Lark(lark) => TopLevelGrammar::from_lark(lark.clone()),
             Grammar::Regex(regex) => TopLevelGrammar::from_regex(regex),
-            Grammar::ToolCalls(calls) => {
-                let call = prepared(calls.schema())?;
-                match calls.lark(&call) {
-                    Some(lark) => TopLevelGrammar::from_lark(lark),
-                    None => TopLevelGrammar::from_json_schema(call),
-                }
+            Grammar::Delimited {
+                schema,
+                open,
+                close,
+                separator,
+            } => {
+                let schema = prepared(schema.clone())?;
+                let repeat = match separator {
+                    Some(separator) => format!(" ({} item)*", lark_string(separator)),
+                    None => String::new(),
+                };
+                TopLevelGrammar::from_lark(format!(
+                    "start: item{repeat}\nitem: {} %json {schema} {}\n",
+                    lark_string(open),
+                    lark_string(close)
+                ))
             }
         })
     }
+}
+
+/// `text` as a Lark string literal (a JSON string's escapes, which Lark's strings take).
+fn lark_string(text: &str) -> String {
+    Value::String(text.to_string()).to_string()
 }
 
 /// `schema` as llguidance is to compile it: rewritten (`schema`'s docs), with bounded

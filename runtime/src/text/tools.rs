@@ -79,67 +79,41 @@ impl Format {
     /// tools' names are unique and of letters, digits, `_` and `-` (OpenAI's rule, which
     /// the server checks): each names its parameters' place in the grammar's schema.
     pub fn grammar(self, tools: &[Tool], parallel: bool) -> Grammar {
-        Grammar::ToolCalls(Calls {
-            format: self,
-            tools: tools.to_vec(),
-            parallel,
-        })
-    }
-}
-
-/// The calls a grammar allows: of which tools, in which format, one or several.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Calls {
-    format: Format,
-    tools: Vec<Tool>,
-    parallel: bool,
-}
-
-impl Calls {
-    /// The JSON Schema of one call: an offered tool's name with arguments valid against its
-    /// parameters. Each tool's parameters are put under `$defs`, named by the tool, with
-    /// their own references (`#`, `#/$defs/...`, any `#/...`) pointed there: pasted into the
-    /// call as written they would resolve against the call's schema instead (issue 42).
-    pub(crate) fn schema(&self) -> Value {
-        let key = match self.format {
-            Format::Hermes => "arguments",
-            Format::Llama3 => "parameters",
-        };
-        let mut defs = Map::new();
-        let each: Vec<Value> = (self.tools.iter())
-            .map(|tool| {
-                defs.insert(tool.name.clone(), embedded(&tool.name, &tool.parameters));
-                json!({
-                    "type": "object",
-                    "properties": {
-                        "name": {"const": tool.name},
-                        key: {"$ref": format!("#/$defs/{}", tool.name)},
-                    },
-                    "required": ["name", key],
-                    "additionalProperties": false,
-                })
-            })
-            .collect();
-        json!({ "anyOf": each, "$defs": defs })
-    }
-
-    /// The Lark grammar of the calls whose JSON follows `call` (the prepared [`Self::schema`]),
-    /// or `None` where the whole message is that JSON (Llama 3).
-    pub(crate) fn lark(&self, call: &Value) -> Option<String> {
-        match self.format {
-            Format::Hermes => {
-                let repeat = if self.parallel {
-                    r#" ("\n" call)*"#
-                } else {
-                    ""
-                };
-                Some(format!(
-                    "start: call{repeat}\ncall: \"{OPEN}\\n\" %json {call} \"\\n{CLOSE}\"\n"
-                ))
-            }
-            Format::Llama3 => None,
+        let schema = |arguments| call_schema(tools, arguments);
+        match self {
+            Format::Hermes => Grammar::Delimited {
+                schema: schema("arguments"),
+                open: format!("{OPEN}\n"),
+                close: format!("\n{CLOSE}"),
+                separator: parallel.then(|| "\n".to_string()),
+            },
+            Format::Llama3 => Grammar::JsonSchema(schema("parameters")),
         }
     }
+}
+
+/// The JSON Schema of one call of `tools`: an offered tool's name, and under `arguments` (the
+/// format's key) arguments valid against its parameters. Each tool's parameters are put under
+/// `$defs`, named by the tool, with their own references (`#`, `#/$defs/...`, any `#/...`)
+/// pointed there: pasted into the call as written they would resolve against the call's
+/// schema instead (issue 42).
+fn call_schema(tools: &[Tool], arguments: &str) -> Value {
+    let mut defs = Map::new();
+    let each: Vec<Value> = (tools.iter())
+        .map(|tool| {
+            defs.insert(tool.name.clone(), embedded(&tool.name, &tool.parameters));
+            json!({
+                "type": "object",
+                "properties": {
+                    "name": {"const": tool.name},
+                    arguments: {"$ref": format!("#/$defs/{}", tool.name)},
+                },
+                "required": ["name", arguments],
+                "additionalProperties": false,
+            })
+        })
+        .collect();
+    json!({ "anyOf": each, "$defs": defs })
 }
 
 /// A tool's parameters as they are to sit at `#/$defs/{name}` of the call's schema: each

@@ -1627,6 +1627,10 @@ fn a_large_metadata_array_takes_memory_in_proportion_to_the_file() {
 /// Runs the converter with `args`; whether it succeeded, and its peak resident memory in MB
 /// (`wait4`'s `ru_maxrss`, this child's alone).
 fn peak_rss(args: &[OsString]) -> (bool, f64) {
+    #[expect(
+        clippy::zombie_processes,
+        reason = "reaped below by wait4, which gives its rusage"
+    )]
     let child = Command::new(binary(Bin::Converter))
         .args(args)
         .stdin(Stdio::null())

@@ -364,6 +364,47 @@ async fn markdown_renders_without_running_what_the_model_wrote() {
     let _ = client.close().await;
 }
 
+/// A question asked while every slot is taken says "waiting for a free slot" under its
+/// answer (the server's comment in the stream) until the answer starts; then it is answered
+/// and the note goes.
+#[tokio::test(flavor = "current_thread")]
+async fn a_queued_question_says_it_waits_for_a_free_slot() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let (server, _driver, _profile, client) = open_page(&dir, &["--parallel", "1"]).await;
+    // The only slot, taken by a long completion (4000 tokens of counting).
+    let body = json!({"prompt": "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,", "max_tokens": 4000,
+                      "temperature": 0, "stream": true})
+    .to_string();
+    let mut long = std::net::TcpStream::connect(&server.address).unwrap();
+    let head = format!(
+        "POST /v1/completions HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        server.address,
+        body.len()
+    );
+    std::io::Write::write_all(&mut long, head.as_bytes()).unwrap();
+    while metric(&server.address, "runtime_requests_running") != 1 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    checked(&client, async {
+        fill(&client, "prompt", "Hi\n").await?;
+        let waiting = format!("{LAST_ANSWER}?.dataset.note === 'waiting for a free slot'");
+        until(&client, &waiting, Duration::from_secs(30)).await?;
+        // The long completion's client leaves: the question gets the slot.
+        drop(long);
+        let done = format!("{LAST_ANSWER}.dataset.state === 'done' && {LAST_ANSWER}.dataset.text");
+        until(&client, &done, Duration::from_secs(120)).await?;
+        match eval(&client, &format!("{LAST_ANSWER}.dataset.note ?? null")).await? {
+            Value::Null => Ok(()),
+            note => Err(format!("the answer still says {note}")),
+        }
+    })
+    .await;
+    let _ = client.close().await;
+}
+
 #[test]
 fn no_webui_leaves_the_root_unserved() {
     let Some(dir) = artifact_dir() else { return };

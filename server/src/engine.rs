@@ -137,11 +137,94 @@ impl Job {
     fn slots(&self) -> usize {
         1 + self.forks.len()
     }
+
+    /// Whether every client of it has gone (their event receivers dropped).
+    fn abandoned(&self) -> bool {
+        self.events.is_closed() && self.forks.iter().all(|f| f.events.is_closed())
+    }
+}
+
+/// Sends `event` to every choice of a job: its first's `events` and its `forks`.
+fn tell(events: &UnboundedSender<Event>, forks: &[Fork], event: Event) {
+    for events in std::iter::once(events).chain(forks.iter().map(|f| &f.events)) {
+        let _ = events.send(event.clone());
+    }
+}
+
+/// Jobs received and not yet admitted, in arrival order: the requests waiting for a slot
+/// (`Metrics::queued` counts them, from when the HTTP side sends them until they leave).
+#[derive(Default)]
+struct Queue {
+    jobs: VecDeque<Waiting>,
+}
+
+struct Waiting {
+    job: Job,
+    /// Whether it has been told it waits ([`Event::Waiting`]).
+    told: bool,
+}
+
+impl Queue {
+    fn is_empty(&self) -> bool {
+        self.jobs.is_empty()
+    }
+
+    fn push(&mut self, job: Job) {
+        self.jobs.push_back(Waiting { job, told: false });
+    }
+
+    /// Takes every job sent so far; false once the channel has closed.
+    fn receive(&mut self, jobs: &mpsc::Receiver<Job>) -> bool {
+        loop {
+            match jobs.try_recv() {
+                Ok(job) => self.push(job),
+                Err(mpsc::TryRecvError::Empty) => return true,
+                Err(mpsc::TryRecvError::Disconnected) => return false,
+            }
+        }
+    }
+
+    /// Drops the jobs whose clients have gone, each counted as a cancelled request: its
+    /// prompt is never run.
+    fn drop_abandoned(&mut self, metrics: &Metrics) {
+        self.jobs.retain(|waiting| {
+            let abandoned = waiting.job.abandoned();
+            if abandoned {
+                metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                metrics.requests.fetch_add(1, Ordering::Relaxed);
+            }
+            !abandoned
+        });
+    }
+
+    /// The oldest job, taken if its choices fit the slots left with `taken` of `parallel`
+    /// in use (or none are: `n` is at most `parallel`). In arrival order: a job that does
+    /// not fit yet keeps those after it waiting.
+    fn next_fitting(&mut self, taken: usize, parallel: usize, metrics: &Metrics) -> Option<Job> {
+        let fits = |w: &Waiting| taken == 0 || taken + w.job.slots() <= parallel;
+        if !self.jobs.front().is_some_and(fits) {
+            return None;
+        }
+        metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        self.jobs.pop_front().map(|w| w.job)
+    }
+
+    /// Tells each job not yet told that it waits for a slot (a stream says so at once).
+    fn tell_waiting(&mut self) {
+        for waiting in self.jobs.iter_mut().filter(|w| !w.told) {
+            tell(&waiting.job.events, &waiting.job.forks, Event::Waiting);
+            waiting.told = true;
+        }
+    }
 }
 
 /// What the engine tells a request.
 #[derive(Debug, Clone, PartialEq)]
 pub enum Event {
+    /// Too few slots are free: the request waits in the queue. Sent at most once, before
+    /// any other event.
+    Waiting,
     /// Generated text, complete characters, never part of a stop string.
     Text(String),
     /// The log-probabilities of tokens just generated, sent before any text of the same
@@ -182,10 +265,14 @@ pub struct Logprob {
 #[derive(Debug, Default)]
 pub struct Metrics {
     pub ready: AtomicBool,
+    /// Requests waiting for a slot: counted in by the HTTP side as it sends them (against
+    /// `--max-queue`), out by the engine as it admits or drops them.
     pub queued: AtomicUsize,
     pub running: AtomicUsize,
+    /// Requests the engine ended: answered, failed once admitted, or cancelled.
     pub requests: AtomicU64,
-    /// Requests dropped because their client went away (closed the connection).
+    /// Requests dropped because their client went away (closed the connection), while
+    /// queued or running.
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
@@ -208,51 +295,36 @@ impl<B: KernelBackend> Engine<B> {
         let mut running: Vec<Active<'_, B>> = Vec::new();
         // Admitted, their prompts not yet all run, in arrival order.
         let mut prefilling: VecDeque<Active<'_, B>> = VecDeque::new();
+        let mut queue = Queue::default();
         let mut kept = KeptCaches::default();
         // Pieces the oldest waiting prompt has gone without in a row.
         let mut passed_over = 0;
         let mut open = true;
-        // A job received while too few slots were free for all its choices.
-        let mut held: Option<Job> = None;
         loop {
-            // Admit waiting jobs into free slots; with nothing to do, wait for one.
+            let idle = running.is_empty() && prefilling.is_empty() && queue.is_empty();
+            if idle {
+                // With nothing to do, wait for a job.
+                match jobs.recv() {
+                    Ok(job) => queue.push(job),
+                    Err(_) => return,
+                }
+            }
+            if open {
+                open = queue.receive(&jobs);
+            }
+            // Between steps: a client that left while its request waited is dropped now,
+            // not when a slot frees.
+            queue.drop_abandoned(metrics);
             loop {
                 let taken = running.len() + prefilling.iter().map(Active::slots).sum::<usize>();
-                let idle = running.is_empty() && prefilling.is_empty();
-                if let Some(job) = held.take_if(|job| idle || taken + job.slots() <= self.parallel)
-                {
-                    self.admit(job, &mut kept, &mut prefilling, metrics);
-                    continue;
-                }
-                if held.is_some() || !open || taken >= self.parallel {
+                let Some(job) = queue.next_fitting(taken, self.parallel, metrics) else {
                     break;
-                }
-                let job = if idle {
-                    match jobs.recv() {
-                        Ok(job) => job,
-                        Err(_) => {
-                            open = false;
-                            break;
-                        }
-                    }
-                } else {
-                    match jobs.try_recv() {
-                        Ok(job) => job,
-                        Err(mpsc::TryRecvError::Empty) => break,
-                        Err(mpsc::TryRecvError::Disconnected) => {
-                            open = false;
-                            break;
-                        }
-                    }
                 };
-                metrics.queued.fetch_sub(1, Ordering::Relaxed);
-                held = Some(job);
+                self.admit(job, &mut kept, &mut prefilling, metrics);
             }
+            queue.tell_waiting();
             if running.is_empty() && prefilling.is_empty() {
-                if open {
-                    continue;
-                }
-                return;
+                continue;
             }
             // A piece of the waiting prompt with the least left (a short request is not
             // stuck behind a long prompt), or of the oldest once it has been passed over
@@ -348,8 +420,8 @@ impl<B: KernelBackend> Engine<B> {
         }
     }
 
-    /// Admits `job` (its prompt to be run) unless its client has gone; a job the generator
-    /// refuses gets its error, every choice of it.
+    /// Admits `job` (its prompt to be run); a job the generator refuses gets its error,
+    /// every choice of it.
     fn admit<'t>(
         &'t self,
         job: Job,
@@ -357,10 +429,6 @@ impl<B: KernelBackend> Engine<B> {
         prefilling: &mut VecDeque<Active<'t, B>>,
         metrics: &Metrics,
     ) {
-        if job.events.is_closed() && job.forks.iter().all(|f| f.events.is_closed()) {
-            metrics.cancelled.fetch_add(1, Ordering::Relaxed);
-            return;
-        }
         let reuse = self.cache_for(kept, &job.prompt, &job.scope);
         match (self.generator).admit(&self.tokenizer, reuse, &job.prompt, job.options) {
             Ok(mut sequence) => {
@@ -381,13 +449,7 @@ impl<B: KernelBackend> Engine<B> {
                     forked: false,
                 });
             }
-            Err(e) => {
-                for events in
-                    std::iter::once(&job.events).chain(job.forks.iter().map(|f| &f.events))
-                {
-                    let _ = events.send(Event::Failed(e.to_string()));
-                }
-            }
+            Err(e) => tell(&job.events, &job.forks, Event::Failed(e.to_string())),
         }
     }
 

@@ -2,7 +2,7 @@
 //! "code"}}`, which its client libraries turn into their typed exceptions.
 
 use axum::Json;
-use axum::http::StatusCode;
+use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
@@ -61,10 +61,26 @@ impl ApiError {
         }
     }
 
+    /// 429 `rate_limit_exceeded`: `max_queue` requests already wait for a slot
+    /// (`--max-queue`); the response says when to retry ([`RETRY_AFTER_SECONDS`]).
+    pub fn queue_full(max_queue: usize) -> Self {
+        Self {
+            code: Some("rate_limit_exceeded"),
+            ..Self::with_status(
+                StatusCode::TOO_MANY_REQUESTS,
+                format!(
+                    "the server is busy: {max_queue} requests already wait for a free slot (--max-queue {max_queue}); retry later"
+                ),
+            )
+        }
+    }
+
     /// OpenAI's `type` for the status.
     fn kind(&self) -> &'static str {
         match self.status {
             StatusCode::UNAUTHORIZED => "authentication_error",
+            // What OpenAI's 429 for too many requests says.
+            StatusCode::TOO_MANY_REQUESTS => "requests",
             StatusCode::NOT_FOUND => "not_found_error",
             StatusCode::SERVICE_UNAVAILABLE => "service_unavailable",
             status if status.is_server_error() => "server_error",
@@ -97,8 +113,17 @@ impl ApiError {
     }
 }
 
+/// `Retry-After` of a 429: a second, about what a slot takes to free while requests are
+/// short, and soon enough for a client polling a busy server; OpenAI's Python client waits
+/// what it says before its next attempt.
+pub const RETRY_AFTER_SECONDS: u64 = 1;
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        (self.status, Json(self.body())).into_response()
+        let mut response = (self.status, Json(self.body())).into_response();
+        if self.status == StatusCode::TOO_MANY_REQUESTS {
+            (response.headers_mut()).insert(header::RETRY_AFTER, RETRY_AFTER_SECONDS.into());
+        }
+        response
     }
 }

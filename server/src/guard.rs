@@ -10,6 +10,9 @@
 //! - The body is refused at once (413) if `Content-Length` is over the limit, before any of
 //!   it is read and before `Expect: 100-continue` is answered; otherwise it must arrive in
 //!   full within the read timeout (408) and within the limit (413, for chunked bodies).
+//! - With `--api-key`, requests to the API must carry the key (401), checked from the head:
+//!   a client without it is answered at once, not after its body (which is then read and
+//!   dropped before the connection closes).
 //! - POST bodies on the API routes must be JSON (415), as vLLM requires.
 //!
 //! The connection is marked as handling a request from when its body is complete until its
@@ -43,6 +46,8 @@ pub(crate) struct Policy {
     pub allowed_origins: Vec<String>,
     pub body_limit: usize,
     pub read_timeout: Duration,
+    /// The key the API routes require (`Authorization: Bearer <key>`), if any.
+    pub api_key: Option<String>,
 }
 
 /// Checks the request, reads its body, routes it, and adds CORS headers to the response.
@@ -63,6 +68,11 @@ pub(crate) async fn handle(
         && is_preflight(&request)
     {
         return preflight(origin, request.headers());
+    }
+    // From the head alone: a client without the key is not waited on for its body.
+    if let Err(refused) = check_key(&request, policy) {
+        discard_body(request, policy);
+        return with_cors(closing(refused.into_response()), cors);
     }
     let response = match read_body(request, policy).await {
         Ok(request) => {
@@ -86,6 +96,27 @@ fn closing(mut response: Response) -> Response {
 
 fn forbidden(message: String) -> ApiError {
     ApiError::with_status(StatusCode::FORBIDDEN, message)
+}
+
+/// With an API key set, a request to the API (any path under `/v1/`, as vLLM guards them)
+/// must carry it: 401 otherwise. Health, metrics and the chat page need none.
+fn check_key(request: &hyper::Request<Incoming>, policy: &Policy) -> Result<(), ApiError> {
+    let Some(key) = &policy.api_key else {
+        return Ok(());
+    };
+    if !request.uri().path().starts_with("/v1/") {
+        return Ok(());
+    }
+    let given = (request.headers().get(header::AUTHORIZATION))
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    if same_key(given, key) {
+        return Ok(());
+    }
+    Err(ApiError::with_status(
+        StatusCode::UNAUTHORIZED,
+        "invalid or missing API key",
+    ))
 }
 
 /// When bound to a loopback address, `Host` must be `localhost`, a loopback IP, or an
@@ -241,6 +272,24 @@ async fn read_body(
     Ok(Request::from_parts(parts, Body::from(collected.to_bytes())))
 }
 
+/// Reads and drops, in the background, the body of a request answered without it (within
+/// the body limit and the read timeout): the connection then closes after the body instead
+/// of being reset over it, so that a client still sending it reads the answer rather than a
+/// broken pipe (nginx's lingering close). Not when the client waits for `100 Continue`
+/// before it sends: reading would send that after the answer, and the client sends nothing.
+fn discard_body(request: hyper::Request<Incoming>, policy: &Policy) {
+    let expects_continue = (request.headers().get(header::EXPECT))
+        .is_some_and(|v| v.as_bytes().eq_ignore_ascii_case(b"100-continue"));
+    if expects_continue {
+        return;
+    }
+    let mut body = Limited::new(request.into_body(), policy.body_limit);
+    let read_timeout = policy.read_timeout;
+    tokio::spawn(tokio::time::timeout(read_timeout, async move {
+        while let Some(Ok(_)) = body.frame().await {}
+    }));
+}
+
 /// A response body that keeps its connection marked as handling a request until it is
 /// dropped (sent in full, or abandoned by a client that left).
 struct Tracked {
@@ -293,7 +342,7 @@ pub(crate) async fn json_only(request: Request, next: Next) -> Response {
 /// Whether `given` is `key`, in time that depends on neither: both are hashed first, so the
 /// comparison (constant-time) sees equal lengths and leaks no prefix (vLLM's CVE-2025-59425
 /// was a variable-time comparison of the key).
-pub(crate) fn same_key(given: Option<&str>, key: &str) -> bool {
+fn same_key(given: Option<&str>, key: &str) -> bool {
     let given = Sha256::digest(given.unwrap_or_default().as_bytes());
     let key = Sha256::digest(key.as_bytes());
     bool::from(given.as_slice().ct_eq(key.as_slice()))

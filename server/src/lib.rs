@@ -37,6 +37,11 @@ pub struct Options {
     pub port: u16,
     /// Sequences run at once; more requests wait in a queue.
     pub parallel: usize,
+    /// Requests that may wait for a slot; past them a new request gets 429 with
+    /// `Retry-After`. Each waiting request holds a connection: a value not below the
+    /// connection cap is lowered to half of it, so that the queue cannot take every
+    /// connection.
+    pub max_queue: usize,
     /// Requests to `/v1/...` must carry `Authorization: Bearer <key>`.
     pub api_key: Option<String>,
     /// The name `/v1/models` lists and responses carry.
@@ -102,7 +107,7 @@ pub enum ServeError {
 /// Serves until SIGTERM or Ctrl-C. `load` runs on the engine thread after the port is bound
 /// (`on_listening` is told the address) and gives the model and its tokenizer.
 pub fn serve<B, L>(
-    options: Options,
+    mut options: Options,
     load: L,
     on_listening: impl FnOnce(SocketAddr),
 ) -> Result<(), ServeError>
@@ -121,7 +126,9 @@ where
         .map_err(|source| ServeError::Bind { address, source })?;
     let local = listener.local_addr()?;
     on_listening(local);
-    let registry = connections::Registry::new(connection_cap(options.max_connections));
+    let connection_limit = connection_cap(options.max_connections);
+    let registry = connections::Registry::new(connection_limit);
+    options.max_queue = queue_cap(options.max_queue, connection_limit);
     let policy = Arc::new(policy(&options, local));
 
     let metrics = Arc::new(Metrics::default());
@@ -231,6 +238,11 @@ fn check(options: &Options) -> Result<(), ServeError> {
             "--allowed-origin {bad:?} is not an origin: scheme://host[:port] (e.g. http://localhost:3000), or *"
         )));
     }
+    if options.max_queue == 0 {
+        return Err(ServeError::Options(
+            "--max-queue must be at least 1: every request waits in the queue until the engine takes it".into(),
+        ));
+    }
     if options.read_timeout.is_zero() {
         return Err(ServeError::Options(
             "--read-timeout must be at least 1 s".into(),
@@ -250,6 +262,7 @@ fn policy(options: &Options, local: SocketAddr) -> guard::Policy {
         allowed_origins: lowercase(&options.allowed_origins),
         body_limit: options.body_limit,
         read_timeout: options.read_timeout,
+        api_key: options.api_key.clone(),
     }
 }
 
@@ -265,6 +278,19 @@ fn connection_cap(wanted: usize) -> usize {
         "note: at most {cap} connections at once (the open-file limit is {files}), not {wanted}"
     );
     cap as usize
+}
+
+/// `wanted`, lowered to half of `connections` if it is not below them: each waiting request
+/// holds a connection, and a full queue must leave some for everyone else (`/health`).
+fn queue_cap(wanted: usize, connections: usize) -> usize {
+    if wanted < connections {
+        return wanted;
+    }
+    let cap = (connections / 2).max(1);
+    eprintln!(
+        "note: at most {cap} requests wait for a slot (half the {connections} connections), not {wanted}"
+    );
+    cap
 }
 
 /// Raises the soft limit on open files to the hard limit, and returns the limit in force.
@@ -287,4 +313,20 @@ fn raise_open_file_limit() -> libc::rlim_t {
         }
     }
     limit.rlim_cur
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue as long as the connections (or longer) would let waiting requests take
+    /// every connection: it is halved to fit.
+    #[test]
+    fn the_queue_leaves_connections_free() {
+        assert_eq!(queue_cap(512, 1024), 512);
+        assert_eq!(queue_cap(1023, 1024), 1023);
+        assert_eq!(queue_cap(1024, 1024), 512);
+        assert_eq!(queue_cap(5000, 136), 68);
+        assert_eq!(queue_cap(3, 1), 1);
+    }
 }

@@ -21,6 +21,9 @@ use tokio_stream::{StreamExt, StreamMap};
 use crate::engine::{Event, Logprob};
 use crate::error::ApiError;
 
+/// What a stream says, in a comment, while its request waits for a slot.
+const WAITING: &str = "waiting for a free slot";
+
 /// Which endpoint a reply is for.
 #[derive(Clone, Copy, PartialEq)]
 pub(crate) enum Kind {
@@ -289,6 +292,7 @@ impl Reply {
             let mut logprobs = Vec::new();
             let reason = loop {
                 match events.recv().await {
+                    Some(Event::Waiting) => {}
                     Some(Event::Text(piece)) => text.push_str(&piece),
                     Some(Event::Logprobs(more)) => logprobs.extend(more),
                     Some(Event::Done {
@@ -346,7 +350,9 @@ impl Reply {
     /// Server-sent events: a chunk per piece of a choice's text, with the log-probabilities
     /// of the tokens it completes; one per choice with its finish reason (and the
     /// log-probabilities of tokens whose text never came: a stop string's); usage if asked
-    /// for, then `[DONE]`. A failure after the stream began is an `error` chunk.
+    /// for, then `[DONE]`. A failure after the stream began is an `error` chunk. A request
+    /// that has to wait for a slot says so first, in a comment (`: waiting for a free
+    /// slot`). The client leaving cancels the request at once, whether or not it runs.
     pub fn stream(
         self,
         events: Vec<async_mpsc::UnboundedReceiver<Event>>,
@@ -367,9 +373,28 @@ impl Reply {
                     .collect();
             let mut usage = Usage::default();
             let mut running = choices.len();
-            while let Some((index, event)) = events.next().await {
+            // Whether the stream has said it waits for a slot (once, for all its choices).
+            let mut told_waiting = false;
+            loop {
+                let next = tokio::select! {
+                    next = events.next() => next,
+                    // The client is gone (the response body dropped): dropping `events` now
+                    // cancels the request, also while it is queued and nothing is sent.
+                    () = out.closed() => return,
+                };
+                let Some((index, event)) = next else { break };
                 let choice = &mut choices[index];
                 let values = match event {
+                    Event::Waiting if told_waiting => continue,
+                    Event::Waiting => {
+                        told_waiting = true;
+                        // A comment, which OpenAI's clients skip; the chat page shows it.
+                        let waiting = SseEvent::default().comment(WAITING);
+                        if out.send(Ok(waiting)).is_err() {
+                            return;
+                        }
+                        continue;
+                    }
                     Event::Logprobs(logprobs) => {
                         choice.pending.push(logprobs);
                         continue;

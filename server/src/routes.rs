@@ -7,10 +7,10 @@ use std::sync::{Arc, OnceLock, mpsc};
 
 use axum::Json;
 use axum::body::Bytes;
+use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::BytesRejection;
-use axum::extract::{DefaultBodyLimit, Request as HttpRequest};
 use axum::http::{HeaderMap, StatusCode, header};
-use axum::middleware::{self, Next};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use runtime::generate::GenerateOptions;
@@ -41,9 +41,8 @@ pub(crate) fn router(state: State) -> axum::Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
-        // The key is checked first (the outer layer), then the body's type.
-        .route_layer(middleware::from_fn(crate::guard::json_only))
-        .route_layer(middleware::from_fn_with_state(state.clone(), authorize));
+        // The API key was checked before the body was read (`guard`).
+        .route_layer(middleware::from_fn(crate::guard::json_only));
     let mut router = axum::Router::new().merge(api);
     if state.options.webui {
         router = router.merge(crate::webui::routes());
@@ -57,26 +56,6 @@ pub(crate) fn router(state: State) -> axum::Router {
         })
         .layer(DefaultBodyLimit::max(state.options.body_limit))
         .with_state(state)
-}
-
-/// 401 unless the request carries the configured key.
-async fn authorize(
-    axum::extract::State(state): axum::extract::State<State>,
-    request: HttpRequest,
-    next: Next,
-) -> Response {
-    if let Some(key) = &state.options.api_key {
-        let given = request
-            .headers()
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "));
-        if !crate::guard::same_key(given, key) {
-            return ApiError::with_status(StatusCode::UNAUTHORIZED, "invalid or missing API key")
-                .into_response();
-        }
-    }
-    next.run(request).await
 }
 
 async fn health(axum::extract::State(state): axum::extract::State<State>) -> Response {
@@ -210,6 +189,8 @@ async fn start(
             ),
         ));
     }
+    // A full queue refuses at once, before the work of tokenizing.
+    QueuePlaces::check(&state.metrics, state.options.max_queue)?;
     let biased = request.sampling.logit_bias.iter().map(|&(id, _)| id);
     in_vocabulary(&loaded.tokenizer, "logit_bias", biased)?;
     let format = match &request.tools {
@@ -262,6 +243,7 @@ async fn start(
         let options = generate_options(&request, prompt.param(), ids.len(), loaded.context)?;
         jobs.push((ids, options));
     }
+    let mut places = QueuePlaces::take(&state.metrics, jobs.len(), state.options.max_queue)?;
     let mut receivers = Vec::with_capacity(jobs.len());
     for (ids, options) in jobs {
         let (events, receiver) = async_mpsc::unbounded_channel();
@@ -278,7 +260,6 @@ async fn start(
                 }
             })
             .collect();
-        state.metrics.queued.fetch_add(1, Ordering::Relaxed);
         let job = Job {
             prompt: ids,
             options,
@@ -289,14 +270,59 @@ async fn start(
             forks,
         };
         if state.jobs.send(job).is_err() {
-            state.metrics.queued.fetch_sub(1, Ordering::Relaxed);
             return Err(ApiError::with_status(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the server is shutting down",
             ));
         }
+        places.hand_over();
     }
     Ok((request, receivers, reading))
+}
+
+/// Places a request's jobs take in the queue (`Metrics::queued`) as they are sent to the
+/// engine, which counts each out as it admits or drops it; those not handed over with a job
+/// (the engine has stopped) are given back when dropped.
+struct QueuePlaces<'m> {
+    metrics: &'m Metrics,
+    held: usize,
+}
+
+impl<'m> QueuePlaces<'m> {
+    /// 429 with `Retry-After` ([`ApiError::queue_full`]) if `max_queue` or more jobs wait.
+    /// A request is refused only when the queue is full, never for its own size (a list of
+    /// prompts is a job each): one always fits an empty queue.
+    fn check(metrics: &Metrics, max_queue: usize) -> Result<(), ApiError> {
+        if metrics.queued.load(Ordering::Relaxed) >= max_queue {
+            return Err(ApiError::queue_full(max_queue));
+        }
+        Ok(())
+    }
+
+    /// `jobs` places, as [`QueuePlaces::check`] allows: checked and counted at once, so
+    /// that requests arriving together cannot all pass the check.
+    fn take(metrics: &'m Metrics, jobs: usize, max_queue: usize) -> Result<Self, ApiError> {
+        (metrics.queued)
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |queued| {
+                (queued < max_queue).then_some(queued + jobs)
+            })
+            .map_err(|_| ApiError::queue_full(max_queue))?;
+        Ok(Self {
+            metrics,
+            held: jobs,
+        })
+    }
+
+    /// One place goes to the engine with its job.
+    fn hand_over(&mut self) {
+        self.held -= 1;
+    }
+}
+
+impl Drop for QueuePlaces<'_> {
+    fn drop(&mut self) {
+        (self.metrics.queued).fetch_sub(self.held, Ordering::Relaxed);
+    }
 }
 
 /// The tool-call format of the model's chat template: 400 naming `tools` for a template

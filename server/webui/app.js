@@ -94,7 +94,8 @@ async function loadModel() {
   }
 }
 
-// --- server-sent events: each `data:` payload, parsed, until [DONE] ---
+// --- server-sent events: each `data:` payload, parsed, until [DONE]; a comment (the
+// server's `: waiting for a free slot` while the request is queued) as {comment} ---
 
 async function* events(body) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
@@ -107,6 +108,8 @@ async function* events(body) {
     while ((end = buffer.indexOf("\n\n")) >= 0) {
       const block = buffer.slice(0, end);
       buffer = buffer.slice(end + 2);
+      const comment = block.split("\n").find((line) => line.startsWith(":"));
+      if (comment) yield { comment: comment.slice(1).trim() };
       const data = block
         .split("\n")
         .filter((line) => line.startsWith("data:"))
@@ -294,6 +297,12 @@ async function send(text) {
     });
     if (!response.ok) throw await failure(response);
     for await (const chunk of events(response.body)) {
+      if (chunk.comment) {
+        // Queued: said under the answer until its first chunk.
+        view.dataset.note = chunk.comment;
+        continue;
+      }
+      delete view.dataset.note;
       if (chunk.error) throw new ApiError(0, chunk.error.message);
       const choice = chunk.choices?.[0];
       answer += choice?.delta?.content ?? "";

@@ -281,6 +281,11 @@ struct ServeArgs {
     /// Requests generated at once; more wait in a queue.
     #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=256))]
     parallel: u16,
+    /// Requests that may wait for a free slot; past them a new one gets 429 with
+    /// Retry-After. Each holds a connection: a value not below --max-connections is lowered
+    /// to half of them, so that waiting requests never take every connection.
+    #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
+    max_queue: u64,
     /// Require `Authorization: Bearer KEY` on the /v1 routes.
     #[arg(long)]
     api_key: Option<String>,
@@ -394,6 +399,7 @@ fn serve(args: &ServeArgs) -> Result<()> {
         host: args.host.clone(),
         port: args.port,
         parallel: args.parallel.into(),
+        max_queue: usize::try_from(args.max_queue).unwrap_or(usize::MAX),
         api_key: args.api_key.clone(),
         model,
         body_limit: args.body_limit,

@@ -741,9 +741,9 @@ fn each_of_n_choices_is_calls() {
     }
 }
 
-/// 128 tools at most: 129 are refused naming `tools`; 100 with schemas of some size are
-/// answered (a valid call, or refused naming `tools`, or `messages` for a prompt past the
-/// context) within bounded time, and the server goes on serving.
+/// 128 tools at most: 129 are refused naming `tools`; 100 with schemas of some size are a
+/// prompt past the context (refused naming `messages`); 25 are answered with a valid call
+/// within bounded time, and the server goes on serving.
 #[test]
 fn many_tools_are_answered_or_refused_in_bounded_time() {
     let Some(dir) = artifact_dir() else { return };
@@ -775,24 +775,22 @@ fn many_tools_are_answered_or_refused_in_bounded_time() {
         v["error"]["message"].as_str().unwrap().contains("128"),
         "{v}"
     );
+    // 100 such tools render to ~19,000 tokens: past SmolLM2's 8,192.
+    let (status, v) = post_within(&server, &body(100), Duration::from_secs(120));
+    assert_eq!(status, 400, "{v}");
+    assert_eq!(v["error"]["param"], "messages", "{v}");
+    assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
+    // 25 fit (~4,800 tokens): a valid call of one of them, or one cut by max_tokens.
     let started = Instant::now();
-    let many = body(100);
+    let many = body(25);
     let (status, v) = post_within(&server, &many, Duration::from_secs(120));
-    eprintln!("100 tools: {status} in {:?}: {v:.400}", started.elapsed());
-    match status {
-        200 => {
-            let answer = &v["choices"][0];
-            let tools = &many["tools"];
-            if answer["finish_reason"] == "tool_calls" {
-                assert_eq!(calls_of(&v, 0, tools).len(), 1, "{v}");
-            } else {
-                assert_eq!(answer["finish_reason"], "length", "{v}");
-            }
-        }
-        400 if v["error"]["param"] == "messages" => {
-            assert_eq!(v["error"]["code"], "context_length_exceeded", "{v}");
-        }
-        _ => assert_refused(status, &v, "tools"),
+    eprintln!("25 tools: {status} in {:?}: {v:.400}", started.elapsed());
+    assert_eq!(status, 200, "{v}");
+    let answer = &v["choices"][0];
+    if answer["finish_reason"] == "tool_calls" {
+        assert_eq!(calls_of(&v, 0, &many["tools"]).len(), 1, "{v}");
+    } else {
+        assert_eq!(answer["finish_reason"], "length", "{v}");
     }
     still_serves(&server);
 }

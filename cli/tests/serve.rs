@@ -15,7 +15,10 @@ use std::time::{Duration, Instant};
 
 use serde_json::{Value, json};
 
-use common::{Server, artifact_dir, chat_body, cli_answer, has_openai_client, run_openai_client};
+use common::{
+    Server, artifact_dir, chat_body, cli_answer, has_openai_client, run_openai_client,
+    wait_until_running,
+};
 
 const PROMPTS: [&str; 8] = [
     "What is the capital of France?",
@@ -987,7 +990,7 @@ fn sigterm_finishes_the_work_under_way() {
                 &json!({"prompt": "Once upon a time", "max_tokens": 150, "temperature": 0}),
             )
         });
-        std::thread::sleep(Duration::from_millis(300));
+        wait_until_running(&server.address, 1);
         let killed = Command::new("kill")
             .args(["-TERM", &server.child.id().to_string()])
             .status()

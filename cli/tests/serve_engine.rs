@@ -10,7 +10,7 @@ use std::time::Instant;
 
 use serde_json::{Value, json};
 
-use common::{Server, artifact_dir, chat_body};
+use common::{Server, artifact_dir, chat_body, wait_until_running};
 
 /// The server process's resident memory, in bytes.
 fn rss(server: &Server) -> u64 {
@@ -173,8 +173,8 @@ fn a_short_request_is_not_stuck_behind_a_long_prefill() {
             assert_eq!(status, 200, "{body}");
             Instant::now()
         });
-        // Let the long prompt's prefill begin.
-        std::thread::sleep(std::time::Duration::from_millis(500));
+        // The long prompt's prefill has begun.
+        wait_until_running(&server.address, 1);
         let short = scope.spawn(|| {
             let (status, body) = server.post("/v1/chat/completions", &short);
             assert_eq!(status, 200, "{body}");

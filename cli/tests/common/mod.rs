@@ -3,7 +3,7 @@
 //! the server sends, and the command line's answer to compare with.
 #![allow(dead_code)] // each test file uses its own part
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, ErrorKind, Read, Write};
 use std::net::TcpStream;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -56,8 +56,17 @@ impl Server {
         stream.write_all(head.as_bytes()).unwrap();
         // A body over the limit is refused before it is read: the write may then fail.
         let _ = stream.write_all(body);
+        // A hung server fails the test instead of hanging the suite.
+        stream.set_read_timeout(Some(SILENCE_LIMIT)).unwrap();
         let mut response = Vec::new();
-        let _ = stream.read_to_end(&mut response);
+        if let Err(e) = stream.read_to_end(&mut response)
+            && matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut)
+        {
+            panic!(
+                "{method} {path}: {} said nothing for {SILENCE_LIMIT:?}",
+                self.address
+            );
+        }
         let split = (response.windows(4).position(|w| w == b"\r\n\r\n"))
             .unwrap_or_else(|| panic!("no header end in {:?}", String::from_utf8_lossy(&response)));
         let head = String::from_utf8_lossy(&response[..split]).to_string();
@@ -92,6 +101,10 @@ impl Server {
             .collect()
     }
 }
+
+/// Longest a test's request may wait with nothing arriving: far past any answer's slowest
+/// prefill on a busy machine, short of hanging CI.
+const SILENCE_LIMIT: Duration = Duration::from_secs(120);
 
 impl Drop for Server {
     fn drop(&mut self) {
@@ -352,6 +365,20 @@ pub fn request_to(
 }
 
 /// A counter or gauge from `runtime serve`'s `/metrics` at `address`.
+/// Waits until the server at `address` runs `n` requests (its `runtime_requests_running`,
+/// which counts a request from its admission, prefill included): what a test that needs a
+/// request under way waits for, instead of sleeping and hoping. Panics after a minute.
+pub fn wait_until_running(address: &str, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(address, "runtime_requests_running") != n {
+        assert!(
+            Instant::now() < deadline,
+            "{address} never ran {n} requests"
+        );
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
 pub fn metric(address: &str, name: &str) -> u64 {
     let response = request_to(
         address,

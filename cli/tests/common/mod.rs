@@ -200,8 +200,16 @@ impl Server {
     /// Runs `program serve` on `port` (0: a free one) with `extra` options, then waits for
     /// its address line and for `/health` to answer 200.
     fn spawn(mut program: Command, dir: &str, port: u16, extra: &[&str]) -> Self {
+        // One thread unless a test asks for more: the suite runs servers side by side, and
+        // a server's decoding threads spin between regions (`kernels::team`), so two servers
+        // of two threads on two cores would slow each other far past their timeouts.
+        let threads: &[&str] = match extra.contains(&"--threads") {
+            true => &[],
+            false => &["--threads", "1"],
+        };
         let mut child = program
             .args(["serve", "--port", &port.to_string(), "--artifacts", dir])
+            .args(threads)
             .args(extra)
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())

@@ -29,7 +29,15 @@ fn artifact_dir() -> Option<String> {
 
 /// A greedy run of `prompt` on the real artifact, with `extra` options.
 fn greedy(dir: &str, prompt: &str, max_new_tokens: &str, extra: &[&str]) -> Output {
-    let mut args = vec!["--artifacts", dir, "--prompt", prompt, "--temperature", "0"];
+    let mut extra = extra.to_vec();
+    extra.extend(["--temperature", "0"]);
+    generate(dir, prompt, max_new_tokens, &extra)
+}
+
+/// A run of `prompt` on the real artifact with `extra` options (sampled unless they say
+/// otherwise).
+fn generate(dir: &str, prompt: &str, max_new_tokens: &str, extra: &[&str]) -> Output {
+    let mut args = vec!["--artifacts", dir, "--prompt", prompt];
     args.extend(["--max-new-tokens", max_new_tokens]);
     args.extend(extra);
     runtime(&args)
@@ -531,4 +539,119 @@ fn a_config_that_disagrees_with_the_record_is_refused() {
             String::from_utf8_lossy(&out.stdout)
         );
     }
+}
+
+/// The generated token ids of a `--json` run that must succeed.
+fn tokens_of(out: &Output) -> Vec<u64> {
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    (v["tokens"].as_array().unwrap().iter())
+        .map(|t| t.as_u64().unwrap())
+        .collect()
+}
+
+/// `--json-schema` and `--grammar` constrain what the CLI generates: a finished answer is
+/// JSON valid against the schema (checked by the `jsonschema` crate), and a Lark grammar's
+/// answer is one it accepts, greedy and sampled.
+#[test]
+fn json_schema_and_grammar_constrain_the_answer() {
+    let Some(dir) = artifact_dir() else { return };
+    let tmp = tempfile::tempdir().unwrap();
+    let schema = serde_json::json!({"type": "object", "properties": {
+        "city": {"type": "string", "maxLength": 20},
+        "population": {"type": "integer", "minimum": 0, "maximum": 99999999}},
+        "required": ["city", "population"], "additionalProperties": false});
+    let schema_file = tmp.path().join("city.json");
+    std::fs::write(&schema_file, schema.to_string()).unwrap();
+    let schema_path = schema_file.to_str().unwrap();
+    for sampling in [
+        &["--temperature", "0"][..],
+        &["--temperature", "0.8", "--seed", "7"],
+    ] {
+        let mut extra = vec!["--chat", "--json", "--json-schema", schema_path];
+        extra.extend(sampling);
+        let out = generate(&dir, "Describe Paris as JSON.", "80", &extra);
+        tokens_of(&out);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        assert_ne!(v["stop_reason"], "length", "{v}");
+        let answer: serde_json::Value = serde_json::from_str(v["text"].as_str().unwrap())
+            .unwrap_or_else(|e| panic!("{sampling:?}: not JSON ({e}): {v}"));
+        assert!(
+            jsonschema::is_valid(&schema, &answer),
+            "{sampling:?}: {answer}"
+        );
+    }
+    let grammar_file = tmp.path().join("yes_no.lark");
+    std::fs::write(&grammar_file, "start: \"yes\" | \"no\"\n").unwrap();
+    for sampling in [
+        &["--temperature", "0"][..],
+        &["--temperature", "1.0", "--seed", "3"],
+    ] {
+        let mut extra = vec![
+            "--chat",
+            "--json",
+            "--grammar",
+            grammar_file.to_str().unwrap(),
+        ];
+        extra.extend(sampling);
+        let out = generate(&dir, "Is Paris in France?", "10", &extra);
+        tokens_of(&out);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+        let text = v["text"].as_str().unwrap();
+        assert!(["yes", "no"].contains(&text), "{sampling:?}: {text:?}");
+    }
+}
+
+/// `--logit-bias ID=-100` bans the token greedy decoding chose first; `ID=100` forces one.
+#[test]
+fn logit_bias_bans_and_forces_tokens() {
+    let Some(dir) = artifact_dir() else { return };
+    let prompt = "The capital of France is";
+    let plain = tokens_of(&greedy(&dir, prompt, "4", &["--json"]));
+    let banned = format!("{}=-100", plain[0]);
+    let without = tokens_of(&greedy(
+        &dir,
+        prompt,
+        "4",
+        &["--json", "--logit-bias", &banned],
+    ));
+    assert_ne!(without[0], plain[0], "{without:?}");
+    assert!(!without.contains(&plain[0]), "{without:?}");
+    // Token 1234, an ordinary one: at +100 every step picks it.
+    let forced = tokens_of(&greedy(
+        &dir,
+        prompt,
+        "4",
+        &["--json", "--logit-bias", "1234=100"],
+    ));
+    assert_eq!(forced, [1234; 4]);
+}
+
+/// `--matmul`: on bf16 weights `auto` and `exact` give the same tokens, `int8` too with a
+/// note that it changes nothing (no weight is kept as blocks), and `bf16` runs.
+#[test]
+fn matmul_modes_on_bf16_weights() {
+    let Some(dir) = artifact_dir() else { return };
+    let prompt = "Once upon a time";
+    let auto = tokens_of(&greedy(&dir, prompt, "12", &["--json"]));
+    let exact = tokens_of(&greedy(
+        &dir,
+        prompt,
+        "12",
+        &["--json", "--matmul", "exact"],
+    ));
+    assert_eq!(auto, exact);
+    let int8 = greedy(&dir, prompt, "12", &["--json", "--matmul", "int8"]);
+    assert_eq!(tokens_of(&int8), exact);
+    let note = String::from_utf8_lossy(&int8.stderr);
+    assert!(
+        note.contains("--matmul int8 changes nothing here"),
+        "{note}"
+    );
+    let bf16 = tokens_of(&greedy(&dir, prompt, "12", &["--json", "--matmul", "bf16"]));
+    assert_eq!(bf16.len(), 12);
 }

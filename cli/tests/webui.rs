@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, artifact_dir, chat_body, metric};
+use common::{Server, artifact_dir, chat_body, metric, request_to};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
@@ -419,4 +419,45 @@ fn no_webui_leaves_the_root_unserved() {
             .0,
         200
     );
+}
+
+/// Every file of the page carries the headers that keep a hostile page or model output from
+/// using it (docs/HARDENING.md, "The chat page"): the strict policy, no framing, no sniffing,
+/// no referrer, its own content type.
+#[test]
+fn the_page_files_carry_their_security_headers() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &[]);
+    for (path, content_type) in [
+        ("/", "text/html; charset=utf-8"),
+        ("/webui/app.js", "text/javascript; charset=utf-8"),
+        ("/webui/style.css", "text/css; charset=utf-8"),
+    ] {
+        let response = request_to(
+            &server.address,
+            "GET",
+            path,
+            &[],
+            b"",
+            Duration::from_secs(10),
+        )
+        .unwrap_or_else(|| panic!("no answer for {path}"));
+        assert_eq!(response.status, 200, "{path}");
+        for header in [
+            "content-security-policy: default-src 'none'; script-src 'self'; style-src 'self'; \
+             connect-src 'self'; img-src 'self' data:; base-uri 'none'; form-action 'none'; \
+             frame-ancestors 'none'"
+                .to_string(),
+            "x-frame-options: deny".to_string(),
+            "x-content-type-options: nosniff".to_string(),
+            "referrer-policy: no-referrer".to_string(),
+            format!("content-type: {content_type}"),
+        ] {
+            assert!(
+                response.head.lines().any(|line| line.trim() == header),
+                "{path} lacks {header:?}: {}",
+                response.head
+            );
+        }
+    }
 }

@@ -677,3 +677,50 @@ fn unusable_credentials_and_origins_are_refused_at_start() {
         );
     }
 }
+
+/// `--max-connections 4`: with four idle connections open, a fifth is still answered, and
+/// the connection that waited longest is the one closed for it.
+#[test]
+fn at_max_connections_the_longest_idle_connection_makes_room() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &["--max-connections", "4"]);
+    let mut idle: Vec<TcpStream> = Vec::new();
+    for _ in 0..4 {
+        idle.push(TcpStream::connect(&server.address).unwrap());
+        // Accepted in this order: the first is the longest waiting.
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let response = server.raw(
+        format!(
+            "GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+            server.address
+        )
+        .as_bytes(),
+        Duration::from_secs(10),
+    );
+    assert_eq!(response.map(|r| r.status), Some(200));
+    // The oldest idle connection was closed by the server: a read sees its end at once.
+    let mut oldest = idle.remove(0);
+    oldest
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    let mut byte = [0u8; 1];
+    let closed = match oldest.read(&mut byte) {
+        Ok(n) => n == 0,
+        // A reset is a close; a timeout means it is still open.
+        Err(e) => !matches!(
+            e.kind(),
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut
+        ),
+    };
+    assert!(closed, "the oldest idle connection is still open");
+    // The others are still open: a request on the newest is answered.
+    let mut newest = idle.pop().unwrap();
+    let request = format!(
+        "GET /health HTTP/1.1\r\nHost: {}\r\nConnection: close\r\n\r\n",
+        server.address
+    );
+    newest.write_all(request.as_bytes()).unwrap();
+    let answer = read_response(&mut newest, Duration::from_secs(10)).map(|r| r.status);
+    assert_eq!(answer, Some(200));
+}

@@ -74,13 +74,6 @@ impl Array {
             ),
         }
     }
-
-    /// An array of `values` (which must all be scalars of one type), as a file would hold it.
-    pub fn of(values: &[Value]) -> Self {
-        let type_id = values.first().map_or(0, Value::type_id);
-        let bytes = values.iter().flat_map(Value::scalar_bytes).collect();
-        Array::Scalars { type_id, bytes }
-    }
 }
 
 impl Value {
@@ -112,43 +105,6 @@ impl Value {
         match self {
             Value::String(s) => Some(s),
             _ => None,
-        }
-    }
-
-    /// Its GGUF metadata type id.
-    fn type_id(&self) -> u32 {
-        match self {
-            Value::U8(_) => 0,
-            Value::I8(_) => 1,
-            Value::U16(_) => 2,
-            Value::I16(_) => 3,
-            Value::U32(_) => 4,
-            Value::I32(_) => 5,
-            Value::F32(_) => 6,
-            Value::Bool(_) => 7,
-            Value::String(_) => 8,
-            Value::Array(_) => 9,
-            Value::U64(_) => 10,
-            Value::I64(_) => 11,
-            Value::F64(_) => 12,
-        }
-    }
-
-    /// A scalar's little-endian bytes, as a file stores it (nothing for a string or array).
-    fn scalar_bytes(&self) -> Vec<u8> {
-        match *self {
-            Value::U8(v) => vec![v],
-            Value::I8(v) => v.to_le_bytes().to_vec(),
-            Value::U16(v) => v.to_le_bytes().to_vec(),
-            Value::I16(v) => v.to_le_bytes().to_vec(),
-            Value::U32(v) => v.to_le_bytes().to_vec(),
-            Value::I32(v) => v.to_le_bytes().to_vec(),
-            Value::F32(v) => v.to_le_bytes().to_vec(),
-            Value::Bool(v) => vec![v.into()],
-            Value::U64(v) => v.to_le_bytes().to_vec(),
-            Value::I64(v) => v.to_le_bytes().to_vec(),
-            Value::F64(v) => v.to_le_bytes().to_vec(),
-            Value::String(_) | Value::Array(_) => Vec::new(),
         }
     }
 }

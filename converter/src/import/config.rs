@@ -628,12 +628,20 @@ mod tests {
         );
         assert_eq!(layers(Some(Value::U32(0)), 2).unwrap(), [true, true]);
         assert_eq!(layers(Some(Value::U32(1)), 2).unwrap(), [false, false]);
-        let flags = Value::Array(Array::of(&[Value::Bool(false), Value::Bool(true)]));
+        // Booleans false, true, as the file stores them.
+        let flags = Value::Array(Array::Scalars {
+            type_id: 7,
+            bytes: vec![0, 1],
+        });
         assert_eq!(layers(Some(flags.clone()), 2).unwrap(), [false, true]);
         for (value, expected) in [
             (flags, "has 2 entries for 3 layers"),
             (
-                Value::Array(Array::of(&[Value::U8(1), Value::U8(1), Value::U8(1)])),
+                // Three u8 ones.
+                Value::Array(Array::Scalars {
+                    type_id: 0,
+                    bytes: vec![1; 3],
+                }),
                 "holds a non-boolean",
             ),
             (Value::String("6".into()), "is not a layer count or flags"),

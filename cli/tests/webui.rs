@@ -15,7 +15,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::{Server, artifact_dir, chat_body, metric, request_to};
+use common::{Server, artifact_dir, chat_body, metric, request_to, wait_until_running};
 use fantoccini::{Client, ClientBuilder, Locator};
 use serde_json::{Value, json};
 
@@ -385,9 +385,7 @@ async fn a_queued_question_says_it_waits_for_a_free_slot() {
         body.len()
     );
     std::io::Write::write_all(&mut long, head.as_bytes()).unwrap();
-    while metric(&server.address, "runtime_requests_running") != 1 {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until_running(&server.address, 1);
     checked(&client, async {
         fill(&client, "prompt", "Hi\n").await?;
         let waiting = format!("{LAST_ANSWER}?.dataset.note === 'waiting for a free slot'");

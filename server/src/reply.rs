@@ -44,8 +44,20 @@ pub(crate) struct Reply {
     pub grammar_param: &'static str,
     /// How to read a chat's answers for tool calls, if the request offered tools.
     pub tools: Option<ToolReading>,
-    /// Whether a chat answer's opening `<think>` section goes to `reasoning_content`.
-    pub reasoning: bool,
+    /// What becomes of a chat answer's `<think>` section.
+    pub thinking: Thinking,
+}
+
+/// What becomes of a chat answer's `<think>` section.
+#[derive(Clone, Copy, PartialEq, Debug)]
+pub(crate) enum Thinking {
+    /// Left in the content: a model that does not think, or `--keep-thinking`.
+    Kept,
+    /// An answer that opens with the section: it goes to `reasoning_content`.
+    Split,
+    /// The prompt opened the section (DeepSeek-R1's distills): the answer is reasoning
+    /// until `</think>`.
+    Opened,
 }
 
 /// How a request's answers are read for tool calls: the format and the offered tools.
@@ -163,13 +175,18 @@ impl Reply {
             logprobs,
             grammar_param: "response_format",
             tools: None,
-            reasoning: false,
+            thinking: Thinking::Kept,
         }
     }
 
     /// How a choice's text is read, if it is read for more than its text.
     fn reading(&self) -> Option<Reading> {
-        let splitter = (self.kind == Kind::Chat && self.reasoning).then(Splitter::default);
+        let splitter = match self.thinking {
+            _ if self.kind != Kind::Chat => None,
+            Thinking::Kept => None,
+            Thinking::Split => Some(Splitter::default()),
+            Thinking::Opened => Some(Splitter::opened()),
+        };
         let parser =
             (self.tools.as_ref()).map(|tools| Parser::new(tools.format, tools.names.clone()));
         let most_calls = match &self.tools {
@@ -694,9 +711,9 @@ mod reading_tests {
     const ANSWER: &str = "<think>\nThe weather, then.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": \"Paris\"}}\n</tool_call>";
 
     /// A reply reading for reasoning and for Hermes calls of `get_weather`.
-    fn reply(reasoning: bool) -> Reply {
+    fn reply(thinking: Thinking) -> Reply {
         let mut reply = Reply::new(Kind::Chat, 1, "m".into(), false);
-        reply.reasoning = reasoning;
+        reply.thinking = thinking;
         reply.tools = Some(ToolReading {
             format: Format::Hermes,
             names: vec!["get_weather".into()],
@@ -777,7 +794,7 @@ mod reading_tests {
     #[test]
     fn reasoning_and_calls_are_read_whole_and_streamed() {
         for size in [1, 2, 3, 7, 16, ANSWER.len()] {
-            let answer = whole(reply(true), ANSWER, size);
+            let answer = whole(reply(Thinking::Split), ANSWER, size);
             let message = &answer["choices"][0]["message"];
             assert_eq!(message["reasoning_content"], "The weather, then.");
             assert_eq!(message["content"], Value::Null);
@@ -788,7 +805,8 @@ mod reading_tests {
             );
             assert_eq!(answer["choices"][0]["finish_reason"], "tool_calls");
 
-            let (reasoning, content, calls, finish) = streamed(reply(true), ANSWER, size);
+            let (reasoning, content, calls, finish) =
+                streamed(reply(Thinking::Split), ANSWER, size);
             assert_eq!(reasoning, "The weather, then.", "pieces of {size}");
             assert_eq!(content, "");
             assert_eq!(calls.len(), 1);
@@ -797,11 +815,35 @@ mod reading_tests {
             assert_eq!(finish, "tool_calls");
         }
         // Kept in the content (--keep-thinking): the call is still read, after the section.
-        let answer = whole(reply(false), ANSWER, 5);
+        let answer = whole(reply(Thinking::Kept), ANSWER, 5);
         let message = &answer["choices"][0]["message"];
         assert_eq!(message["content"], "<think>\nThe weather, then.\n</think>");
         assert!(message.get("reasoning_content").is_none());
         assert_eq!(message["tool_calls"].as_array().unwrap().len(), 1);
+    }
+
+    /// After a prompt that opened the section (DeepSeek-R1's distills), the answer is
+    /// reasoning up to `</think>`, which never reaches the content; the call after it is
+    /// read. Kept (`--keep-thinking`), the content is the answer as written.
+    #[test]
+    fn an_answer_to_a_prompt_that_opened_the_section_is_reasoning_until_it_closes() {
+        let answer = ANSWER.strip_prefix("<think>").unwrap();
+        for size in [1, 2, 5, answer.len()] {
+            let whole = whole(reply(Thinking::Opened), answer, size);
+            let message = &whole["choices"][0]["message"];
+            assert_eq!(message["reasoning_content"], "The weather, then.");
+            assert_eq!(message["content"], Value::Null);
+            assert_eq!(message["tool_calls"][0]["function"]["name"], "get_weather");
+
+            let (reasoning, content, calls, _) = streamed(reply(Thinking::Opened), answer, size);
+            assert_eq!(reasoning, "The weather, then.", "pieces of {size}");
+            assert_eq!(content, "");
+            assert_eq!(calls.len(), 1);
+        }
+        let kept = whole(reply(Thinking::Kept), answer, 3);
+        let message = &kept["choices"][0]["message"];
+        assert_eq!(message["content"], "The weather, then.\n</think>");
+        assert!(message.get("reasoning_content").is_none());
     }
 
     /// `parallel_tool_calls: false` under `auto`: an answer calling twice keeps its first
@@ -816,7 +858,7 @@ mod reading_tests {
         let answer = format!("{}\n{}", call("Paris"), call("Rome"));
         for (parallel, expected) in [(false, 1), (true, 2)] {
             let single = || {
-                let mut reply = reply(false);
+                let mut reply = reply(Thinking::Kept);
                 reply.tools.as_mut().unwrap().parallel = parallel;
                 reply
             };

@@ -16,6 +16,7 @@ use axum::routing::{get, post};
 use runtime::generate::GenerateOptions;
 use runtime::text::chat::ChatRequest;
 use runtime::text::grammar::{Constraint, Grammar, GrammarError, Grammars};
+use runtime::text::reasoning;
 use runtime::text::tokenizer::{ContentSpecials, Tokenizer, TokenizerError};
 use runtime::text::tools::Format;
 use serde_json::json;
@@ -24,7 +25,7 @@ use tokio::sync::mpsc as async_mpsc;
 use crate::api::{self, Prompt, Request, ToolChoice};
 use crate::engine::{Event, Fork, Job, Metrics};
 use crate::error::ApiError;
-use crate::reply::{Kind, Reply, ToolReading};
+use crate::reply::{Kind, Reply, Thinking, ToolReading};
 use crate::{Loaded, Options};
 
 #[derive(Clone)]
@@ -124,13 +125,22 @@ async fn respond(
     kind: Kind,
 ) -> Response {
     match start(&state, headers, body, kind).await {
-        Ok((request, events, tools)) => {
+        Ok(Started {
+            request,
+            events,
+            tools,
+            opens_thinking,
+        }) => {
             let n = state.next_id.fetch_add(1, Ordering::Relaxed);
             let model = state.options.model.clone();
             let mut reply = Reply::new(kind, n, model, request.logprobs.is_some());
             reply.grammar_param = grammar_param(&request);
             reply.tools = tools;
-            reply.reasoning = !state.options.keep_thinking && thinks(&state);
+            reply.thinking = match () {
+                _ if state.options.keep_thinking || !thinks(&state) => Thinking::Kept,
+                _ if opens_thinking => Thinking::Opened,
+                _ => Thinking::Split,
+            };
             if request.stream {
                 reply.stream(events, request.include_usage).into_response()
             } else {
@@ -157,6 +167,16 @@ fn ready(state: &State) -> Result<&Loaded, ApiError> {
     })
 }
 
+/// A request queued for the engine.
+struct Started {
+    request: Request,
+    /// Each job's events, in the order of the choices.
+    events: Vec<async_mpsc::UnboundedReceiver<Event>>,
+    tools: Option<ToolReading>,
+    /// Whether the rendered chat prompt ends inside a `<think>` section it opened.
+    opens_thinking: bool,
+}
+
 /// Checks and tokenizes the request and queues it for the engine: a job per prompt (a
 /// completion may list several, one choice each), each with its own events. Every prompt is
 /// checked before any is queued.
@@ -165,14 +185,7 @@ async fn start(
     headers: &HeaderMap,
     body: Result<Bytes, BytesRejection>,
     kind: Kind,
-) -> Result<
-    (
-        Request,
-        Vec<async_mpsc::UnboundedReceiver<Event>>,
-        Option<ToolReading>,
-    ),
-    ApiError,
-> {
+) -> Result<Started, ApiError> {
     let loaded = ready(state)?;
     let body = body.map_err(|e| ApiError::with_status(e.status(), e.body_text()))?;
     let mut request = match kind {
@@ -238,8 +251,9 @@ async fn start(
     .map_err(|e| ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, e.to_string()))??;
     let mut constraints = constraints.into_iter();
     let scope = scope(headers, request.cache_salt.as_deref());
+    let opens_thinking = prompts.iter().any(|prompt| prompt.opens_thinking);
     let mut jobs = Vec::with_capacity(prompts.len());
-    for (ids, prompt) in prompts.into_iter().zip(&request.prompts) {
+    for (Tokenized { ids, .. }, prompt) in prompts.into_iter().zip(&request.prompts) {
         let options = generate_options(&request, prompt.param(), ids.len(), loaded.context)?;
         jobs.push((ids, options));
     }
@@ -277,7 +291,12 @@ async fn start(
         }
         places.hand_over();
     }
-    Ok((request, receivers, reading))
+    Ok(Started {
+        request,
+        events: receivers,
+        tools: reading,
+        opens_thinking,
+    })
 }
 
 /// Places a request's jobs take in the queue (`Metrics::queued`) as they are sent to the
@@ -399,15 +418,20 @@ fn tokenize(
     prompt: Prompt,
     template: &Template,
     specials: ContentSpecials,
-) -> Result<Vec<u32>, ApiError> {
+) -> Result<Tokenized, ApiError> {
     let param = prompt.param();
     let invalid = |e: TokenizerError| ApiError::invalid_field(param, e.to_string());
+    let mut opens_thinking = false;
     let ids = match prompt {
         Prompt::Chat(messages) => {
             let mut chat = tokenizer.chat_messages(messages).map_err(invalid)?;
             chat.tools = template.tools.clone();
             chat.kwargs.extend(template.kwargs.clone());
-            (tokenizer.encode_request(&chat, &ChatRequest::render, specials)).map_err(invalid)?
+            let (ids, text) =
+                (tokenizer.encode_request_rendered(&chat, &ChatRequest::render, specials))
+                    .map_err(invalid)?;
+            opens_thinking = reasoning::opens_thinking(&text);
+            ids
         }
         Prompt::Text(text) => tokenizer.encode(&text).map_err(invalid)?,
         Prompt::Ids(ids) => {
@@ -418,7 +442,17 @@ fn tokenize(
     if ids.is_empty() {
         return Err(ApiError::invalid_field(param, "the prompt is empty"));
     }
-    Ok(ids)
+    Ok(Tokenized {
+        ids,
+        opens_thinking,
+    })
+}
+
+/// A prompt's token ids.
+struct Tokenized {
+    ids: Vec<u32>,
+    /// A chat prompt whose template opened a `<think>` section for the answer.
+    opens_thinking: bool,
 }
 
 /// 400 naming `param` unless every id is one the tokenizer has.

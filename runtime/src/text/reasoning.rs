@@ -6,6 +6,10 @@
 //! switched off, or a model that does not think. One cut off inside its `<think>` section
 //! is all reasoning. Each part has the whitespace at its ends left out, as the templates
 //! strip it when they put an answer back into the history.
+//!
+//! Some templates open the section themselves: DeepSeek-R1's distills end the prompt with
+//! `<think>\n`, so the answer starts inside it and only closes it
+//! ([`Splitter::opened`], [`opens_thinking`]; llama.cpp calls this "thinking forced open").
 
 /// A piece of an answer, in order.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -35,11 +39,27 @@ pub struct Splitter {
 enum State {
     #[default]
     Start,
+    /// Inside a section the prompt opened: the model may still write `<think>` first.
+    Opened,
     Thinking,
     Reply,
 }
 
+/// Whether a rendered prompt leaves its answer inside a `<think>` section it opened.
+pub fn opens_thinking(prompt: &str) -> bool {
+    prompt.trim_end().ends_with(OPEN)
+}
+
 impl Splitter {
+    /// A splitter for the answer to a prompt that opened the `<think>` section itself
+    /// ([`opens_thinking`]): the answer is reasoning until `</think>`.
+    pub fn opened() -> Self {
+        Self {
+            state: State::Opened,
+            ..Self::default()
+        }
+    }
+
     /// The parts the text so far tells.
     pub fn push(&mut self, text: &str) -> Vec<Part> {
         self.held.push_str(text);
@@ -51,9 +71,9 @@ impl Splitter {
         self.parts(true)
     }
 
-    /// A whole answer: its reasoning and its reply (`None` where empty).
-    pub fn split(text: &str) -> (Option<String>, Option<String>) {
-        let mut splitter = Splitter::default();
+    /// A whole answer, split by `splitter`: its reasoning and its reply (`None` where
+    /// empty).
+    pub fn split(mut splitter: Splitter, text: &str) -> (Option<String>, Option<String>) {
         let mut parts = splitter.push(text);
         parts.extend(splitter.finish());
         let (mut reasoning, mut reply) = (String::new(), String::new());
@@ -71,13 +91,15 @@ impl Splitter {
         let mut out = Vec::new();
         loop {
             match self.state {
-                State::Start => {
+                State::Start | State::Opened => {
                     let start = self.held.trim_start();
                     if let Some(rest) = start.strip_prefix(OPEN) {
                         self.held = rest.to_string();
                         self.state = State::Thinking;
                     } else if !end && OPEN.starts_with(start) {
                         return out;
+                    } else if self.state == State::Opened {
+                        self.state = State::Thinking;
                     } else {
                         self.state = State::Reply;
                     }

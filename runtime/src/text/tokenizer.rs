@@ -242,8 +242,20 @@ impl Tokenizer {
         render: Render,
         specials: ContentSpecials,
     ) -> Result<Vec<u32>, TokenizerError> {
+        Ok(self.encode_request_rendered(request, render, specials)?.0)
+    }
+
+    /// [`Tokenizer::encode_request`]'s ids, and the text they are of: what follows the
+    /// prompt depends on how it ends (a `<think>` the template opened, say).
+    pub fn encode_request_rendered(
+        &self,
+        request: &ChatRequest,
+        render: Render,
+        specials: ContentSpecials,
+    ) -> Result<(Vec<u32>, String), TokenizerError> {
         if specials == ContentSpecials::Live {
-            return self.encode_rendered(&render(request)?);
+            let text = render(request)?;
+            return Ok((self.encode_rendered(&text)?, text));
         }
         if let Some(token) = self.special_text_in_tools(request) {
             return Err(TokenizerError::SpecialTokenInTools {
@@ -251,17 +263,21 @@ impl Tokenizer {
             });
         }
         let chat = request.render_located(render)?;
-        if let Some(contents) = &chat.contents {
-            return self.encode_contents_as_text(&chat.text, contents);
-        }
-        // Contents that cannot be located can be tokenized as before only if that cannot
-        // turn any of their text into a control token.
-        match self.special_text_in(&request.messages) {
-            None => self.encode_rendered(&chat.text),
-            Some(token) => Err(TokenizerError::SpecialTokenInContent {
-                token: token.to_string(),
-            }),
-        }
+        let ids = if let Some(contents) = &chat.contents {
+            self.encode_contents_as_text(&chat.text, contents)?
+        } else {
+            // Contents that cannot be located can be tokenized as before only if that
+            // cannot turn any of their text into a control token.
+            match self.special_text_in(&request.messages) {
+                None => self.encode_rendered(&chat.text)?,
+                Some(token) => {
+                    return Err(TokenizerError::SpecialTokenInContent {
+                        token: token.to_string(),
+                    });
+                }
+            }
+        };
+        Ok((ids, chat.text))
     }
 
     /// The first special token whose text a message's content holds.

@@ -5,7 +5,9 @@
 //!   cached, with the conversation's header and without one (the client's address).
 //! - Streams pass through event by event, and a client that leaves mid-stream cancels its
 //!   generation; the replicas' Host and Origin checks still refuse foreign names and pages
-//!   through the proxy.
+//!   through the proxy; with TLS ended at nginx (the config's commented `listen ... ssl`,
+//!   a test certificate), a page at `https://` + the address is same-origin, since nginx
+//!   sets `X-Forwarded-Proto` and the replicas trust it (`--trusted-proxy`).
 //! - A replica stopped with SIGTERM while clients send requests finishes the requests it has,
 //!   the new ones go to the other replica, and every request is answered once: none lost,
 //!   none run on both replicas.
@@ -40,9 +42,17 @@ const B: &str = "replica-b";
 const WAIT: Duration = Duration::from_secs(60);
 /// A prompt the model continues greedily for thousands of tokens without stopping.
 const COUNTING: &str = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10,";
-/// The replicas' options: one thread each (two replicas share the machine), and the name
-/// clients reach nginx by, which nginx passes on as `Host`.
-const REPLICA_OPTIONS: &[&str] = &["--threads", "1", "--allowed-host", "127.0.0.1"];
+/// The replicas' options: one thread each (two replicas share the machine), the name
+/// clients reach nginx by, which nginx passes on as `Host`, and nginx's address, whose
+/// `X-Forwarded-Proto` they believe.
+const REPLICA_OPTIONS: &[&str] = &[
+    "--threads",
+    "1",
+    "--allowed-host",
+    "127.0.0.1",
+    "--trusted-proxy",
+    "127.0.0.1",
+];
 
 #[test]
 fn two_replicas_behind_nginx() {
@@ -69,6 +79,7 @@ fn two_replicas_behind_nginx() {
     streams_pass_event_by_event(&nginx);
     a_client_that_leaves_cancels_its_generation(&nginx, [&replica_a, &replica_b]);
     host_and_origin_are_still_checked(&nginx);
+    pages_over_tls_are_same_origin(&nginx);
     // Conversations of A for after its restart: once A has refused a connection, nginx
     // sends every id to B for a while.
     let (returning, killed) = (ids.for_replica(A), ids.for_replica(A));
@@ -242,6 +253,45 @@ fn host_and_origin_are_still_checked(nginx: &Nginx) {
     assert_eq!(own_page.status, 200, "{}", shown(&own_page));
     let foreign_page = get(&["Origin: http://elsewhere.example"]);
     assert_eq!(foreign_page.status, 403, "{}", shown(&foreign_page));
+}
+
+/// Through nginx's TLS listener a page at `https://` + the address is the replicas' own
+/// origin (nginx says `X-Forwarded-Proto: https`), while one at `http://` is not; over
+/// plain HTTP a client's own `X-Forwarded-Proto: https` is overwritten by nginx, so it
+/// cannot pass an `https://` origin off as the replicas' own.
+fn pages_over_tls_are_same_origin(nginx: &Nginx) {
+    let tls = &nginx.tls_address;
+    assert_eq!(https_get(tls, &format!("https://{tls}")), 200);
+    assert_eq!(https_get(tls, &format!("http://{tls}")), 403);
+    assert_eq!(https_get(tls, "https://elsewhere.example"), 403);
+    let spoofed = [
+        &format!("Origin: https://{}", nginx.address)[..],
+        "X-Forwarded-Proto: https",
+    ];
+    let response = request_to(&nginx.address, "GET", "/v1/models", &spoofed, b"", WAIT).unwrap();
+    assert_eq!(response.status, 403, "{}", shown(&response));
+}
+
+/// The status of `GET /v1/models` over TLS to `address` with a page's `Origin`, by
+/// Python's standard library (the certificate is the test's own, not verified).
+fn https_get(address: &str, origin: &str) -> u16 {
+    let script = "import http.client, ssl, sys\n\
+        host, port = sys.argv[1].rsplit(':', 1)\n\
+        c = http.client.HTTPSConnection(host, int(port), timeout=60, \
+            context=ssl._create_unverified_context())\n\
+        c.request('GET', '/v1/models', headers={'Origin': sys.argv[2]})\n\
+        print(c.getresponse().status)\n";
+    let output = Command::new("python3")
+        .args(["-c", script, address, origin])
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "{stdout}{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    stdout.trim().parse().unwrap()
 }
 
 /// One request's outcome, as its client saw it.
@@ -610,6 +660,8 @@ fn nginx_binary() -> Option<PathBuf> {
 struct Nginx {
     child: Child,
     address: String,
+    /// Its TLS listener's (the config's commented lines, with a test certificate).
+    tls_address: String,
     prefix: PathBuf,
 }
 
@@ -622,23 +674,41 @@ struct Attempt {
 }
 
 impl Nginx {
-    /// Runs deploy/nginx.conf with the replicas' addresses and a free port of its own put
-    /// in place of the ones it names, with `prefix` for its pid, logs and temporary files;
-    /// returns once it answers `/health` from a replica.
+    /// Runs deploy/nginx.conf with the replicas' addresses and free ports of its own put
+    /// in place of the ones it names, its TLS lines uncommented with the test certificate,
+    /// with `prefix` for its pid, logs and temporary files; returns once it answers
+    /// `/health` from a replica.
     fn start(binary: &Path, prefix: &Path, replicas: [&str; 2]) -> Self {
         let committed = concat!(env!("CARGO_MANIFEST_DIR"), "/../deploy/nginx.conf");
         let mut config = std::fs::read_to_string(committed).unwrap();
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
-        let address = format!("127.0.0.1:{port}");
+        let tls = [
+            "listen 127.0.0.1:8443 ssl;",
+            "ssl_certificate ",
+            "ssl_certificate_key ",
+        ];
+        for line in tls {
+            let commented = format!("# {line}");
+            assert_eq!(
+                config.matches(&commented).count(),
+                1,
+                "deploy/nginx.conf must have `{commented}` once"
+            );
+            config = config.replacen(&commented, line, 1);
+        }
+        let tls_dir = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/data/tls");
+        for file in ["cert.pem", "key.pem"] {
+            std::fs::copy(Path::new(tls_dir).join(file), prefix.join(file)).unwrap();
+        }
+        // Both held until both are known, so that they differ.
+        let listeners = [(); 2].map(|()| TcpListener::bind("127.0.0.1:0").unwrap());
+        let [address, tls_address] =
+            listeners.map(|l| format!("127.0.0.1:{}", l.local_addr().unwrap().port()));
         // Each through a placeholder, in case a replica's new port is one the file names.
         let addresses = [
             ("127.0.0.1:8081", replicas[0]),
             ("127.0.0.1:8082", replicas[1]),
             ("127.0.0.1:8080", &address),
+            ("127.0.0.1:8443", &tls_address),
         ];
         for (i, (from, _)) in addresses.iter().enumerate() {
             assert_eq!(
@@ -666,6 +736,7 @@ impl Nginx {
         let mut nginx = Self {
             child,
             address,
+            tls_address,
             prefix: prefix.to_path_buf(),
         };
         let deadline = Instant::now() + Duration::from_secs(20);

@@ -493,6 +493,42 @@ fn foreign_origins_are_refused_unless_allowed() {
     );
 }
 
+/// Behind a proxy that ends TLS, a page's origin is `https://` + Host: its own when the
+/// proxy is a `--trusted-proxy` and says `X-Forwarded-Proto: https`; the header from any
+/// other peer is ignored (a client could claim any scheme), and a trusted proxy saying
+/// `http` makes only `http://` the server's own.
+#[test]
+fn a_trusted_proxys_forwarded_scheme_makes_https_pages_same_origin() {
+    let Some(dir) = artifact_dir() else { return };
+    let body = chat_body("Hi", 1, false).to_string();
+    let json = "Content-Type: application/json";
+    let status = |server: &Server, origin_scheme: &str, forwarded: Option<&str>| {
+        let origin = format!("Origin: {origin_scheme}://{}", server.address);
+        let forwarded = forwarded.map(|scheme| format!("X-Forwarded-Proto: {scheme}"));
+        let mut headers = vec![origin.as_str(), json];
+        headers.extend(forwarded.as_deref());
+        let response = send(server, "POST", CHAT, &headers, &body);
+        if response.status == 403 {
+            let message = assert_envelope(&response, 403);
+            assert!(message.contains("--trusted-proxy"), "{message}");
+        }
+        response.status
+    };
+    // The tests' requests come from 127.0.0.1: trusted here, not below.
+    let trusting = Server::start(&dir, &["--trusted-proxy", "127.0.0.1"]);
+    assert_eq!(status(&trusting, "https", Some("https")), 200);
+    assert_eq!(status(&trusting, "https", Some("HTTPS, http")), 200);
+    assert_eq!(status(&trusting, "https", Some("http")), 403);
+    assert_eq!(status(&trusting, "https", None), 403);
+    assert_eq!(status(&trusting, "http", Some("https")), 403);
+    assert_eq!(status(&trusting, "http", None), 200);
+    drop(trusting);
+
+    let elsewhere = Server::start(&dir, &["--trusted-proxy", "10.1.2.3"]);
+    assert_eq!(status(&elsewhere, "https", Some("https")), 403);
+    assert_eq!(status(&elsewhere, "http", Some("https")), 200);
+}
+
 /// Bound to a loopback address, the server answers only requests whose `Host` names a
 /// loopback address on its port (or no port), or an `--allowed-host`: a page that rebinds
 /// its name to 127.0.0.1 is refused. Bound to all addresses, any `Host` is served.
@@ -640,6 +676,7 @@ fn unusable_credentials_and_origins_are_refused_at_start() {
             &["--allowed-origin", "localhost:3000"][..],
             "--allowed-origin",
         ),
+        (&["--trusted-proxy", "proxy.example"][..], "--trusted-proxy"),
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_runtime"))
             .args(["serve", "--port", "0", "--artifacts"])
@@ -669,7 +706,10 @@ fn unusable_credentials_and_origins_are_refused_at_start() {
             .read_to_string(&mut stderr)
             .unwrap();
         assert!(!status.success(), "{args:?}");
-        let lines: Vec<&str> = stderr.lines().collect();
+        // clap's own refusals add a blank line and its pointer to --help.
+        let lines: Vec<&str> = (stderr.lines())
+            .filter(|l| !l.is_empty() && !l.starts_with("For more information, try"))
+            .collect();
         assert_eq!(lines.len(), 1, "{args:?}: {stderr}");
         assert!(
             lines[0].starts_with("error: ") && lines[0].contains(expected),

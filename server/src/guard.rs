@@ -6,7 +6,9 @@
 //! - `Origin`, when a browser sends one, must be the server's own or an `--allowed-origin`:
 //!   a page elsewhere cannot make a browser run generations here (cross-site request forgery,
 //!   which needs no CORS preflight for a `text/plain` POST). Allowed origins get CORS headers
-//!   and their preflight answered.
+//!   and their preflight answered. The server's own origin is `http://` + `Host`, or the
+//!   scheme a `--trusted-proxy` reports in `X-Forwarded-Proto` (TLS ended at the proxy);
+//!   that header from anyone else is ignored, or any client could claim any scheme.
 //! - The body is refused at once (413) if `Content-Length` is over the limit, before any of
 //!   it is read and before `Expect: 100-continue` is answered; otherwise it must arrive in
 //!   full within the read timeout (408) and within the limit (413, for chunked bodies).
@@ -18,6 +20,7 @@
 //! The connection is marked as handling a request from when its body is complete until its
 //! response has been sent, so that it is never evicted with work under way.
 
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
@@ -44,6 +47,8 @@ pub(crate) struct Policy {
     pub allowed_hosts: Vec<String>,
     /// Origins allowed cross-origin requests (lowercase; `*`: any).
     pub allowed_origins: Vec<String>,
+    /// Peers whose `X-Forwarded-Proto` names the scheme of the server's own origin.
+    pub trusted_proxies: Vec<IpAddr>,
     pub body_limit: usize,
     pub read_timeout: Duration,
     /// The key the API routes require (`Authorization: Bearer <key>`), if any.
@@ -55,11 +60,13 @@ pub(crate) async fn handle(
     request: hyper::Request<Incoming>,
     policy: &Policy,
     connection: &Connection,
+    peer: IpAddr,
     mut router: axum::Router,
 ) -> Response {
     connection.reading();
+    let scheme = scheme(request.headers(), peer, policy);
     let cors = match check_host(request.headers(), policy)
-        .and_then(|()| check_origin(request.headers(), policy))
+        .and_then(|()| check_origin(request.headers(), scheme, policy))
     {
         Ok(cors) => cors,
         Err(refused) => return closing(refused.into_response()),
@@ -168,15 +175,37 @@ fn split_host(host: &str) -> Option<(&str, Option<&str>)> {
     }
 }
 
+/// The scheme the client reached the server by: `https` when a trusted proxy says so in
+/// `X-Forwarded-Proto` (its first value: the client's side, when proxies append), else
+/// `http`, as this server speaks.
+fn scheme(headers: &HeaderMap, peer: IpAddr, policy: &Policy) -> &'static str {
+    if !policy.trusted_proxies.contains(&peer.to_canonical()) {
+        return "http";
+    }
+    let forwarded = (headers
+        .get("x-forwarded-proto")
+        .and_then(|v| v.to_str().ok()))
+    .and_then(|v| v.split(',').next())
+    .map(str::trim);
+    match forwarded {
+        Some(scheme) if scheme.eq_ignore_ascii_case("https") => "https",
+        _ => "http",
+    }
+}
+
 /// `Ok(Some(origin))` for an allowed cross-origin request (its response gets CORS headers),
 /// `Ok(None)` for a same-origin request or one without `Origin` (not from a browser page).
-fn check_origin(headers: &HeaderMap, policy: &Policy) -> Result<Option<HeaderValue>, ApiError> {
+fn check_origin(
+    headers: &HeaderMap,
+    scheme: &str,
+    policy: &Policy,
+) -> Result<Option<HeaderValue>, ApiError> {
     let Some(origin) = headers.get(header::ORIGIN) else {
         return Ok(None);
     };
     let given = origin.to_str().unwrap_or_default().to_ascii_lowercase();
     let own = (headers.get(header::HOST).and_then(|h| h.to_str().ok()))
-        .map(|host| format!("http://{}", host.to_ascii_lowercase()));
+        .map(|host| format!("{scheme}://{}", host.to_ascii_lowercase()));
     if own.as_deref() == Some(given.as_str()) {
         return Ok(None);
     }
@@ -184,7 +213,9 @@ fn check_origin(headers: &HeaderMap, policy: &Policy) -> Result<Option<HeaderVal
         return Ok(Some(origin.clone()));
     }
     Err(forbidden(format!(
-        "cross-origin requests from {given:?} are refused (--allowed-origin allows an origin)"
+        "cross-origin requests from {given:?} are refused: this server's origin here is {} (--allowed-origin allows an origin; behind a proxy that ends TLS, --trusted-proxy believes its X-Forwarded-Proto)",
+        own.as_deref()
+            .map_or("unknown (no Host)".into(), |own| format!("{own:?}"))
     )))
 }
 

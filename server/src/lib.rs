@@ -63,6 +63,9 @@ pub struct Options {
     pub allowed_origins: Vec<String>,
     /// Host names served besides loopback ones when bound to a loopback address (`*`: any).
     pub allowed_hosts: Vec<String>,
+    /// Proxies whose `X-Forwarded-Proto` is believed: a browser's page behind one that
+    /// terminates TLS has the origin `https://` + Host, which is then its own.
+    pub trusted_proxies: Vec<std::net::IpAddr>,
     /// Bytes the KV caches kept from finished requests (for the next turn of their
     /// conversations) may take in all; the least recently used are dropped first.
     pub cache_budget: u64,
@@ -260,6 +263,9 @@ fn policy(options: &Options, local: SocketAddr) -> guard::Policy {
         loopback_port: local.ip().is_loopback().then_some(local.port()),
         allowed_hosts: lowercase(&options.allowed_hosts),
         allowed_origins: lowercase(&options.allowed_origins),
+        trusted_proxies: (options.trusted_proxies.iter())
+            .map(|ip| ip.to_canonical())
+            .collect(),
         body_limit: options.body_limit,
         read_timeout: options.read_timeout,
         api_key: options.api_key.clone(),

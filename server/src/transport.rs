@@ -17,6 +17,7 @@
 
 use std::convert::Infallible;
 use std::io;
+use std::net::IpAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
@@ -131,10 +132,10 @@ pub(crate) async fn serve(
         };
         match accepted {
             // At the cap with every connection handling a request, a new one is closed.
-            Ok((stream, _)) => match registry.admit() {
+            Ok((stream, peer)) => match registry.admit() {
                 Some(connection) => {
-                    let task =
-                        run_connection(stream, connection, shared.clone(), stop_watch.clone());
+                    let (shared, stop_watch) = (shared.clone(), stop_watch.clone());
+                    let task = run_connection(stream, peer.ip(), connection, shared, stop_watch);
                     tasks.spawn(task);
                 }
                 None => drop(stream),
@@ -181,6 +182,7 @@ async fn after_accept_error(e: io::Error) {
 /// Serves one connection until it closes, is evicted, or the server stops.
 async fn run_connection(
     stream: TcpStream,
+    peer: IpAddr,
     connection: Connection,
     shared: Arc<Shared>,
     mut stopping: watch::Receiver<bool>,
@@ -194,7 +196,8 @@ async fn run_connection(
             let (connection, shared) = (connection.clone(), shared.clone());
             async move {
                 let router = shared.router.clone();
-                let response = guard::handle(request, &shared.policy, &connection, router).await;
+                let policy = &shared.policy;
+                let response = guard::handle(request, policy, &connection, peer, router).await;
                 Ok::<_, Infallible>(response)
             }
         })

@@ -320,6 +320,10 @@ struct ServeArgs {
     /// (e.g. behind a proxy that passes the client's Host on); `*` allows any. Repeatable.
     #[arg(long = "allowed-host", value_name = "NAME")]
     allowed_hosts: Vec<String>,
+    /// A proxy's IP address whose X-Forwarded-Proto header is believed: behind one that
+    /// ends TLS, a browser's page at https:// + Host is then this server's own. Repeatable.
+    #[arg(long = "trusted-proxy", value_name = "IP")]
+    trusted_proxies: Vec<std::net::IpAddr>,
     /// MiB the KV caches kept from finished requests (so that a conversation's next turn
     /// prefills only what is new) may take in all; the least recently used go first.
     /// 0 keeps none. Default: a quarter of the memory available at start, at most 8192.
@@ -410,6 +414,7 @@ fn serve(args: &ServeArgs) -> Result<()> {
         max_connections: usize::try_from(args.max_connections).unwrap_or(usize::MAX),
         allowed_origins: args.allowed_origins.clone(),
         allowed_hosts: args.allowed_hosts.clone(),
+        trusted_proxies: args.trusted_proxies.clone(),
         content_specials: specials(args.special_in_content),
         keep_thinking: args.keep_thinking,
         webui: !args.no_webui,

@@ -35,8 +35,10 @@ fn an_unauthenticated_request_is_refused_before_its_body() {
             let response = whole_response(&mut stream, Duration::from_secs(10))
                 .unwrap_or_else(|| panic!("no answer within 10 s without the body {headers:?}"));
             let took = started.elapsed();
+            // Far below the 30 s it took when the body was waited for, with room for a
+            // busy machine.
             assert!(
-                took < Duration::from_secs(2),
+                took < Duration::from_secs(5),
                 "the 401 took {took:?} {headers:?}"
             );
             assert_unauthorized(&response);

@@ -686,6 +686,7 @@ fn unusable_credentials_and_origins_are_refused_at_start() {
             "--allowed-origin",
         ),
         (&["--trusted-proxy", "proxy.example"][..], "--trusted-proxy"),
+        (&["--served-model-name", " "][..], "--served-model-name"),
     ] {
         let mut child = Command::new(env!("CARGO_BIN_EXE_runtime"))
             .args(["serve", "--port", "0", "--artifacts"])

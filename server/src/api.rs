@@ -716,7 +716,7 @@ fn unsupported(field: &'static str) -> ApiError {
 }
 
 /// The body as a JSON object.
-fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
+pub(crate) fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
     match serde_json::from_slice(body) {
         Ok(Value::Object(fields)) => Ok(fields),
         Ok(_) => Err(ApiError::invalid("the body must be a JSON object")),
@@ -727,7 +727,7 @@ fn object(body: &[u8]) -> Result<Map<String, Value>, ApiError> {
 }
 
 /// Removes `field` and reads it as `T`; `null` counts as absent.
-fn take<T: serde::de::DeserializeOwned>(
+pub(crate) fn take<T: serde::de::DeserializeOwned>(
     fields: &mut Map<String, Value>,
     field: &'static str,
 ) -> Result<Option<T>, ApiError> {

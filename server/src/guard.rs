@@ -105,13 +105,17 @@ fn forbidden(message: String) -> ApiError {
     ApiError::with_status(StatusCode::FORBIDDEN, message)
 }
 
-/// With an API key set, a request to the API (any path under `/v1/`, as vLLM guards them)
-/// must carry it: 401 otherwise. Health, metrics and the chat page need none.
+/// With an API key set, a request to the API (any path under `/v1/`, as vLLM guards them,
+/// and the tokenizer's routes) must carry it: 401 otherwise. Health, metrics and the chat
+/// page need none.
 fn check_key(request: &hyper::Request<Incoming>, policy: &Policy) -> Result<(), ApiError> {
     let Some(key) = &policy.api_key else {
         return Ok(());
     };
-    if !request.uri().path().starts_with("/v1/") {
+    let path = request.uri().path();
+    let api =
+        path.starts_with("/v1/") || matches!(path, "/tokenize" | "/detokenize" | "/apply-template");
+    if !api {
         return Ok(());
     }
     let given = (request.headers().get(header::AUTHORIZATION))

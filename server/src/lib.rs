@@ -15,6 +15,7 @@ pub mod error;
 mod guard;
 mod reply;
 mod routes;
+mod tokens;
 mod transport;
 mod webui;
 
@@ -46,6 +47,9 @@ pub struct Options {
     pub api_key: Option<String>,
     /// The name `/v1/models` lists and responses carry.
     pub model: String,
+    /// Other names a request may give as its `model` (clients that send a fixed name),
+    /// listed by `/v1/models` too.
+    pub aliases: Vec<String>,
     /// Largest request body, in bytes.
     pub body_limit: usize,
     /// Worker threads for the model (default: one per core).
@@ -235,6 +239,12 @@ fn check(options: &Options) -> Result<(), ServeError> {
                 "--api-key must be non-empty printable ASCII without surrounding spaces: no client could send this one".into(),
             ));
         }
+    }
+    let names = std::iter::once(&options.model).chain(&options.aliases);
+    if let Some(bad) = names.into_iter().find(|name| name.trim().is_empty()) {
+        return Err(ServeError::Options(format!(
+            "--served-model-name {bad:?} is empty: no client could name it"
+        )));
     }
     if let Some(bad) = (options.allowed_origins.iter()).find(|o| !guard::is_origin(o)) {
         return Err(ServeError::Options(format!(

@@ -42,6 +42,7 @@ pub(crate) fn router(state: State) -> axum::Router {
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .merge(crate::tokens::routes())
         // The API key was checked before the body was read (`guard`).
         .route_layer(middleware::from_fn(crate::guard::json_only));
     let mut router = axum::Router::new().merge(api);
@@ -69,7 +70,9 @@ async fn health(axum::extract::State(state): axum::extract::State<State>) -> Res
 async fn models(axum::extract::State(state): axum::extract::State<State>) -> Response {
     Json(json!({
         "object": "list",
-        "data": [{"id": state.options.model, "object": "model", "created": 0, "owned_by": "runtime"}],
+        "data": served_names(&state)
+            .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "runtime"}))
+            .collect::<Vec<_>>(),
     }))
     .into_response()
 }
@@ -161,7 +164,7 @@ fn thinks(state: &State) -> bool {
     template.is_some_and(|template| template.contains("<think>"))
 }
 
-fn ready(state: &State) -> Result<&Loaded, ApiError> {
+pub(crate) fn ready(state: &State) -> Result<&Loaded, ApiError> {
     state.loaded.get().ok_or_else(|| {
         ApiError::with_status(StatusCode::SERVICE_UNAVAILABLE, "the model is loading")
     })
@@ -192,7 +195,7 @@ async fn start(
         Kind::Chat => api::chat(&body)?,
         Kind::Completion => api::completion(&body)?,
     };
-    check_model(state, &request)?;
+    check_model(state, request.model.as_deref())?;
     if request.n > state.options.parallel {
         return Err(ApiError::invalid_field(
             "n",
@@ -396,24 +399,29 @@ fn constraints(
 /// A request naming a model must name the one served: an answer must not pass for another
 /// model's. 404 `model_not_found`, as OpenAI and vLLM answer (llama-server ignores the
 /// field). A request without `model` gets the served one.
-fn check_model(state: &State, request: &Request) -> Result<(), ApiError> {
-    match &request.model {
-        Some(model) if *model != state.options.model => {
+pub(crate) fn check_model(state: &State, model: Option<&str>) -> Result<(), ApiError> {
+    match model {
+        Some(model) if !served_names(state).any(|name| name == model) => {
             Err(ApiError::model_not_found(model, &state.options.model))
         }
         _ => Ok(()),
     }
 }
 
+/// The names a request's `model` may give: the served model's, then its aliases.
+fn served_names(state: &State) -> impl Iterator<Item = &String> {
+    std::iter::once(&state.options.model).chain(&state.options.aliases)
+}
+
 /// What a chat's template is rendered with besides its messages.
-struct Template {
-    tools: Option<Vec<serde_json::Value>>,
-    kwargs: serde_json::Map<String, serde_json::Value>,
+pub(crate) struct Template {
+    pub tools: Option<Vec<serde_json::Value>>,
+    pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 /// A prompt's token ids: a conversation through the chat template, text through the
 /// tokenizer, token ids checked against the vocabulary.
-fn tokenize(
+pub(crate) fn tokenize(
     tokenizer: &Tokenizer,
     prompt: Prompt,
     template: &Template,
@@ -449,10 +457,10 @@ fn tokenize(
 }
 
 /// A prompt's token ids.
-struct Tokenized {
-    ids: Vec<u32>,
+pub(crate) struct Tokenized {
+    pub ids: Vec<u32>,
     /// A chat prompt whose template opened a `<think>` section for the answer.
-    opens_thinking: bool,
+    pub opens_thinking: bool,
 }
 
 /// 400 naming `param` unless every id is one the tokenizer has.

@@ -329,6 +329,10 @@ struct ServeArgs {
     /// 0 keeps none. Default: a quarter of the memory available at start, at most 8192.
     #[arg(long, value_name = "MIB")]
     cache_ram: Option<u64>,
+    /// The model's name in responses and `/v1/models` (default: the artifact directory's
+    /// name); given again, further names a request's `model` may use (as vLLM's).
+    #[arg(long = "served-model-name", value_name = "NAME")]
+    served_model_names: Vec<String>,
     /// Do not serve the chat page at `/` (the API is served either way).
     #[arg(long)]
     no_webui: bool,
@@ -390,8 +394,12 @@ fn run_on<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<()> {
 /// port is bound.
 fn serve(args: &ServeArgs) -> Result<()> {
     let common = args.common.clone();
-    let model = (common.artifacts.file_name())
+    let directory = (common.artifacts.file_name())
         .map_or("model".into(), |name| name.to_string_lossy().into_owned());
+    let (model, aliases) = match args.served_model_names.split_first() {
+        Some((first, rest)) => (first.clone(), rest.to_vec()),
+        None => (directory, Vec::new()),
+    };
     let cache_budget = match args.cache_ram {
         Some(mib) => mib.saturating_mul(1 << 20),
         None => runtime::model::cache::available_memory()
@@ -406,6 +414,7 @@ fn serve(args: &ServeArgs) -> Result<()> {
         max_queue: usize::try_from(args.max_queue).unwrap_or(usize::MAX),
         api_key: args.api_key.clone(),
         model,
+        aliases,
         body_limit: args.body_limit,
         threads: common.threads,
         cache_budget,

@@ -44,10 +44,14 @@ impl Server {
     ) -> (u16, Vec<u8>) {
         let mut stream = TcpStream::connect(&self.address).unwrap();
         let mut head = format!(
-            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Type: application/json\r\nContent-Length: {}\r\n",
+            "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n",
             self.address,
             body.len()
         );
+        let typed = (headers.iter()).any(|h| h.to_ascii_lowercase().starts_with("content-type:"));
+        if !typed {
+            head.push_str("Content-Type: application/json\r\n");
+        }
         for header in headers {
             head.push_str(header);
             head.push_str("\r\n");

@@ -162,12 +162,18 @@ impl Tokenizer {
         })
     }
 
-    /// The largest token id this tokenizer can produce (vocabulary and added tokens).
     /// The id of the token whose text is `text` exactly, if there is one.
     pub fn token_id(&self, text: &str) -> Option<u32> {
         self.inner.token_to_id(text)
     }
 
+    /// The vocabulary's entry for `id` as it is stored (`Ġhello` for byte-level BPE), as
+    /// transformers' `convert_ids_to_tokens` gives it.
+    pub fn vocabulary_entry(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+
+    /// The largest token id this tokenizer can produce (vocabulary and added tokens).
     pub fn max_id(&self) -> u32 {
         let vocab = self.inner.get_vocab(true);
         vocab.values().copied().max().unwrap_or(0)
@@ -198,7 +204,10 @@ impl Tokenizer {
         self.encode_with(text, true)
     }
 
-    fn encode_with(
+    /// Token ids of `text`, with the special tokens the post-processor adds only if
+    /// `add_special_tokens` (transformers' `tokenizer(text, add_special_tokens=...)`).
+    /// Special-token text in `text` is read as the token.
+    pub fn encode_with(
         &self,
         text: &str,
         add_special_tokens: bool,
@@ -460,6 +469,25 @@ impl Tokenizer {
         self.inner
             .decode(ids, true)
             .map_err(|e| TokenizerError::Decode(e.to_string()))
+    }
+
+    /// Text of `ids`, special tokens' text kept (transformers' `decode(ids)`; what
+    /// llama-server's and vLLM's `/detokenize` give).
+    pub fn decode_with_specials(&self, ids: &[u32]) -> Result<String, TokenizerError> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| TokenizerError::Decode(e.to_string()))
+    }
+
+    /// What token `id` writes: [`Self::token_bytes`] for a text token, its text for a
+    /// special one (llama.cpp's `token_to_piece` with specials shown).
+    pub fn piece_bytes(&self, id: u32) -> Vec<u8> {
+        match self.inner.id_to_token(id) {
+            Some(token) if self.inner.get_added_vocabulary().is_special_token(&token) => {
+                token.into_bytes()
+            }
+            _ => self.token_bytes(id),
+        }
     }
 
     /// The bytes of text token `id` stands for, exact also when it holds part of a

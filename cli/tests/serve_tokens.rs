@@ -144,6 +144,24 @@ fn the_tokenizer_routes_refuse_what_they_cannot_do() {
         let (status, _) = server.request("POST", path, &text, br#"{"content": "a"}"#);
         assert_eq!(status, 415, "{path} as text/plain");
     }
+    // Each route's responses are counted by status (those refused before routing, the
+    // 401s, are not).
+    let (_, metrics) = server.get("/metrics");
+    let metrics = String::from_utf8(metrics).unwrap();
+    for (route, status, count) in [
+        ("/tokenize", 400, 6),
+        ("/tokenize", 415, 1),
+        ("/detokenize", 400, 2),
+        ("/apply-template", 400, 1),
+    ] {
+        let line = format!(
+            "runtime_http_responses_total{{route=\"{route}\",status=\"{status}\"}} {count}"
+        );
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "no {line:?} in {metrics}"
+        );
+    }
 }
 
 /// `--served-model-name`: the first name is the model's in `/v1/models` and in answers,

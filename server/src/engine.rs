@@ -16,10 +16,10 @@
 //!
 //! The model runs on this thread inside the rayon pool, as the command line runs it.
 
-use std::collections::VecDeque;
-use std::sync::Arc;
+use std::collections::{BTreeMap, VecDeque};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use runtime::generate::sampling::TokenLogprob;
@@ -278,6 +278,9 @@ pub struct Metrics {
     pub completion_tokens: AtomicU64,
     /// Nanoseconds spent running sequences (prefill and decode), for tok/s.
     pub busy_ns: AtomicU64,
+    /// Responses the router gave, by route (its pattern, so the labels stay few) and
+    /// status; requests refused before routing (`guard`) are not among them.
+    pub responses: Mutex<BTreeMap<(String, u16), u64>>,
 }
 
 /// The model and tokenizer, once loaded; `parallel` sequences at most.

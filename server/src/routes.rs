@@ -7,8 +7,8 @@ use std::sync::{Arc, OnceLock, mpsc};
 
 use axum::Json;
 use axum::body::Bytes;
-use axum::extract::DefaultBodyLimit;
 use axum::extract::rejection::BytesRejection;
+use axum::extract::{DefaultBodyLimit, MatchedPath};
 use axum::http::{HeaderMap, StatusCode, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
@@ -52,6 +52,10 @@ pub(crate) fn router(state: State) -> axum::Router {
     router
         .route("/health", get(health))
         .route("/metrics", get(metrics))
+        .route_layer(middleware::from_fn_with_state(
+            state.clone(),
+            count_response,
+        ))
         .fallback(|| async { ApiError::with_status(StatusCode::NOT_FOUND, "no such route") })
         .method_not_allowed_fallback(|| async {
             ApiError::with_status(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
@@ -102,7 +106,29 @@ async fn metrics(axum::extract::State(state): axum::extract::State<State>) -> Re
         m.running.load(Ordering::Relaxed),
         m.queued.load(Ordering::Relaxed),
     );
+    let mut body = body;
+    body.push_str("# TYPE runtime_http_responses_total counter\n");
+    let responses = m.responses.lock().unwrap_or_else(|e| e.into_inner());
+    for ((route, status), count) in responses.iter() {
+        body.push_str(&format!(
+            "runtime_http_responses_total{{route=\"{route}\",status=\"{status}\"}} {count}\n"
+        ));
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], body).into_response()
+}
+
+/// Counts each routed response by its route and status (`runtime_http_responses_total`).
+async fn count_response(
+    axum::extract::State(state): axum::extract::State<State>,
+    route: MatchedPath,
+    request: axum::extract::Request,
+    next: middleware::Next,
+) -> Response {
+    let response = next.run(request).await;
+    let key = (route.as_str().to_string(), response.status().as_u16());
+    let mut responses = (state.metrics.responses.lock()).unwrap_or_else(|e| e.into_inner());
+    *responses.entry(key).or_default() += 1;
+    response
 }
 
 async fn chat(

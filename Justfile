@@ -88,6 +88,8 @@ lint:
     cargo fmt --check
     cargo clippy --workspace --all-targets -- -D warnings
     python3 scripts/check_layers.py
+    # The chat page's vendored markdown-it is the lockfile's package, byte for byte.
+    server/webui/vendor.sh --check
 
 # Speed and memory, llama-bench style (see docs/BENCHMARKS.md): just bench --backends flex --threads 1,2
 bench *args: build

@@ -1,7 +1,9 @@
 //! The chat page at `/` in a real browser: Debian's Chromium, headless, driven through its
 //! chromedriver (WebDriver). The page's answers must be the API's greedy answers for the same
 //! conversation, Stop must cancel the request on the server, and an API key must be asked
-//! for, used, and kept only in the tab. On a failure the page is saved as
+//! for, used, and kept only in the tab. How the page shows an answer (markdown, a long
+//! stream, layout, contrast) is tested on answers from a stub of `fetch` ([`STUB`]), which
+//! are exactly what each test needs. On a failure the page is saved as
 //! target/webui/failure.png; a passing run leaves screenshots at desktop and phone widths in
 //! target/webui/ (docs/ has copies).
 //!
@@ -74,18 +76,37 @@ impl Drop for Driver {
     }
 }
 
+/// How a test's browser differs from the default one (a desktop window, light colours).
+#[derive(Default)]
+struct Look<'a> {
+    /// More Chromium flags (`--force-dark-mode`, `--host-resolver-rules=...`).
+    args: &'a [&'a str],
+    /// A 375-pixel-wide phone screen (a window cannot be made narrower than 500).
+    phone: bool,
+}
+
 /// A headless Chromium session with its own empty profile. Background networking is off:
 /// this machine has no network, and Chromium's attempts would be refused many at a time.
-async fn browser(driver: &Driver, profile: &Path) -> Client {
-    let options = json!({
-        "binary": CHROMIUM,
-        "args": [
-            "--headless=new", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-            "--disable-quic", "--no-first-run", "--disable-background-networking",
-            "--disable-component-update", "--disable-sync", "--window-size=1280,900",
-            format!("--user-data-dir={}", profile.display()),
-        ],
-    });
+async fn browser(driver: &Driver, profile: &Path, look: &Look<'_>) -> Client {
+    let mut args = vec![
+        "--headless=new".to_string(),
+        "--no-sandbox".into(),
+        "--disable-gpu".into(),
+        "--disable-dev-shm-usage".into(),
+        "--disable-quic".into(),
+        "--no-first-run".into(),
+        "--disable-background-networking".into(),
+        "--disable-component-update".into(),
+        "--disable-sync".into(),
+        "--window-size=1280,900".into(),
+        format!("--user-data-dir={}", profile.display()),
+    ];
+    args.extend(look.args.iter().map(|a| a.to_string()));
+    let mut options = json!({"binary": CHROMIUM, "args": args});
+    if look.phone {
+        options["mobileEmulation"] =
+            json!({"deviceMetrics": {"width": 375, "height": 812, "pixelRatio": 2}});
+    }
     let mut capabilities = serde_json::Map::new();
     capabilities.insert("goog:chromeOptions".into(), options);
     let connector = hyper_util::client::legacy::connect::HttpConnector::new();
@@ -98,7 +119,8 @@ async fn browser(driver: &Driver, profile: &Path) -> Client {
 
 type Step = Result<(), String>;
 
-/// Runs `steps` in the page, saving a screenshot if they fail.
+/// Runs `steps` in the page, saving a screenshot if they fail. The browser is closed before
+/// the test fails: killing chromedriver would leave it running.
 async fn checked(client: &Client, steps: impl Future<Output = Step>) {
     if let Err(failure) = steps.await {
         let dir = shots_dir();
@@ -107,6 +129,7 @@ async fn checked(client: &Client, steps: impl Future<Output = Step>) {
         if let Ok(png) = client.screenshot().await {
             let _ = std::fs::write(&shot, png);
         }
+        let _ = client.clone().close().await;
         panic!("{failure} (the page: {})", shot.display());
     }
 }
@@ -178,11 +201,26 @@ fn api_answer(server: &Server, messages: &Value, max_tokens: usize, key: Option<
 /// browser: the server, the driver and the browser's profile live as long as the page.
 async fn open_page(dir: &str, extra: &[&str]) -> (Server, Driver, tempfile::TempDir, Client) {
     let server = Server::start(dir, extra);
+    let (driver, profile, client) = open_browser(&server, &Look::default()).await;
+    (server, driver, profile, client)
+}
+
+/// `server`'s page in a new headless browser that looks as `look` says, ready to be used
+/// (the page's script loaded).
+async fn open_browser(server: &Server, look: &Look<'_>) -> (Driver, tempfile::TempDir, Client) {
     let driver = Driver::start();
     let profile = tempfile::tempdir().unwrap();
-    let client = browser(&driver, profile.path()).await;
-    (client.goto(&format!("http://{}/", server.address)).await).expect("the page opens");
-    (server, driver, profile, client)
+    let client = browser(&driver, profile.path(), look).await;
+    checked(&client, async {
+        let page = format!("http://{}/", server.address);
+        (client.goto(&page).await).map_err(|e| format!("opening {page}: {e}"))?;
+        let ready = "typeof markdown === 'function'";
+        until(&client, ready, Duration::from_secs(20))
+            .await
+            .map(drop)
+    })
+    .await;
+    (driver, profile, client)
 }
 
 #[tokio::test(flavor = "current_thread")]
@@ -430,6 +468,12 @@ fn the_page_files_carry_their_security_headers() {
         ("/", "text/html; charset=utf-8"),
         ("/webui/app.js", "text/javascript; charset=utf-8"),
         ("/webui/style.css", "text/css; charset=utf-8"),
+        (
+            "/webui/vendor/markdown-it.min.js",
+            "text/javascript; charset=utf-8",
+        ),
+        ("/webui/icon.svg", "image/svg+xml"),
+        ("/favicon.ico", "image/svg+xml"),
     ] {
         let response = request_to(
             &server.address,
@@ -458,4 +502,630 @@ fn the_page_files_carry_their_security_headers() {
             );
         }
     }
+}
+
+/// Replaces the page's `fetch` of `/v1/chat/completions` (other requests still reach the
+/// server) with the stream a server sends: `stubAnswer(pieces, options)` makes the next
+/// questions answered by `pieces`, one content delta each, `burst` events a read (as a fast
+/// model's events reach a busy page together), each read a task of its own; `holdAt: n`
+/// holds the stream after `n` pieces while `stub.hold` is true; `finish` is the last
+/// chunk's finish_reason. The requests' bodies are kept in `stub.requests`.
+const STUB: &str = r#"(() => {
+  const realFetch = window.fetch.bind(window);
+  window.stub = { requests: [], hold: false };
+  window.stubAnswer = (pieces, { burst = 1, holdAt = -1, finish = "stop" } = {}) => {
+    window.fetch = (url, init) => {
+      if (!String(url).endsWith("/v1/chat/completions")) return realFetch(url, init);
+      stub.requests.push(JSON.parse(init.body));
+      stub.hold = holdAt >= 0;
+      const held = () => stub.hold && sent >= holdAt;
+      const event = (delta, reason = null) =>
+        `data: ${JSON.stringify({ choices: [{ index: 0, delta, finish_reason: reason }] })}\n\n`;
+      const encoder = new TextEncoder();
+      let sent = 0;
+      const body = new ReadableStream({
+        async pull(controller) {
+          do await new Promise((resolve) => setTimeout(resolve, held() ? 20 : 0));
+          while (held());
+          const end = Math.min(sent + burst, pieces.length, stub.hold ? holdAt : Infinity);
+          let text = "";
+          for (; sent < end; sent++) text += event({ content: pieces[sent] });
+          const last = sent === pieces.length;
+          if (last) text += event({}, finish) + "data: [DONE]\n\n";
+          controller.enqueue(encoder.encode(text));
+          if (last) controller.close();
+        },
+      });
+      return Promise.resolve(
+        new Response(body, { headers: { "Content-Type": "text/event-stream" } }),
+      );
+    };
+  };
+  return true;
+})()"#;
+
+/// The page's answers from now on are `pieces`, streamed as [`STUB`] says with `options`.
+async fn stub_answers(client: &Client, pieces: &[String], options: Value) -> Step {
+    let installed = eval(client, "window.stubAnswer !== undefined").await?;
+    if installed != json!(true) {
+        eval(client, STUB).await?;
+    }
+    let call = format!("(stubAnswer({}, {options}), true)", json!(pieces));
+    eval(client, &call).await.map(drop)
+}
+
+/// `text` in pieces of `size` bytes (ASCII) or characters (else), as tokens come.
+fn pieces(text: &str, size: usize) -> Vec<String> {
+    let chars: Vec<char> = text.chars().collect();
+    chars.chunks(size).map(|c| c.iter().collect()).collect()
+}
+
+/// Sends `question` and waits until the answer has come whole: its `data-text`.
+async fn ask_stub(client: &Client, question: &str) -> Result<Value, String> {
+    fill(client, "prompt", &format!("{question}\n")).await?;
+    let done = format!("{LAST_ANSWER}?.dataset.state === 'done' && {LAST_ANSWER}.dataset.text");
+    until(client, &done, Duration::from_secs(30)).await
+}
+
+/// What model output ordinarily holds, rendered as CommonMark with GFM tables (the
+/// hand-written renderer threw on the first three and got the rest wrong): a heading line
+/// ending in `\r`, U+2028, 20,000 nested `>` (quickly, the text kept), ordered lists split
+/// by a blank line, a code block or a paragraph (numbered on), bullets under a numbered item
+/// (nested, not numbered), a ```` fence holding a ``` one, a link with balanced parentheses,
+/// a table; and hostile markup, which stays inert. Streamed a few characters at a time (the
+/// page then parses from the last block on), an answer ends rendered as it is whole.
+#[tokio::test(flavor = "current_thread")]
+async fn markdown_renders_ordinary_model_output_as_commonmark() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let (_server, _driver, _profile, client) = open_page(&dir, &[]).await;
+    checked(&client, async {
+        let cases = r#"(() => {
+          const render = (source) => {
+            const box = document.createElement('div');
+            box.append(markdown(source));
+            return box;
+          };
+          const numbers = (box) => [...box.querySelectorAll('ol')]
+            .flatMap((ol) => [...ol.children].map((li, i) => ol.start + i));
+          const out = {};
+          let box = render('# Title\r\nText after it\r\n');
+          out.cr = [box.querySelector('h3')?.textContent, box.querySelector('p')?.textContent];
+          box = render('one\u2028two\u2029three');
+          out.separators = box.textContent;
+          const started = performance.now();
+          box = render('>'.repeat(20000) + ' deep');
+          out.deep = { ms: performance.now() - started, kept: box.textContent.includes('deep') };
+          box = render('1. one\n\n2. two\n\n```\ncode\n```\n\n3. three\n\nA paragraph.\n\n4. four');
+          out.numbers = numbers(box);
+          box = render('1. Step\n   - a\n   - b\n2. Next');
+          out.nested = { numbers: numbers(box),
+            bullets: [...box.querySelectorAll('ol > li > ul > li')].map((li) => li.textContent) };
+          box = render('````md\n```js\nx\n```\n````\nafter');
+          out.fence = [box.querySelectorAll('pre').length, box.querySelector('pre code')?.textContent,
+                       box.querySelector('pre code')?.dataset.lang, box.querySelector('p')?.textContent];
+          box = render('See [Rust](https://en.wikipedia.org/wiki/Rust_(programming_language)).');
+          out.link = [box.querySelector('a')?.getAttribute('href'), box.querySelector('a')?.target,
+                      box.querySelector('a')?.rel, box.textContent];
+          box = render('| name | n |\n|---|--:|\n| a *b* | 1 |\n| c | 22 |');
+          out.table = { head: [...box.querySelectorAll('thead th')].map((e) => e.textContent),
+            cells: [...box.querySelectorAll('tbody td')].map((e) => e.textContent),
+            align: getComputedStyle(document.body.appendChild(box).querySelector('td:last-child')).textAlign,
+            em: box.querySelector('td em')?.textContent };
+          box.remove();
+          box = render('<script>window.owned=1</script>\n\n<img src=x onerror="window.owned=1">\n\n' +
+            '[a](javascript:window.owned=1) [b](JaVaScRiPt:window.owned=1) ' +
+            '[c](data:text/html,owned) <javascript:window.owned=1> [d][r] [e](vbscript:x) ' +
+            '[f](/relative) ![g](https://example.com/x.png) [ok](https://example.com/ "t")\n\n' +
+            '[r]: javascript:window.owned=1');
+          document.body.appendChild(box);
+          out.hostile = { tags: [...new Set([...box.querySelectorAll('*')].map((e) => e.localName))].sort(),
+            links: [...box.querySelectorAll('a')].map((a) => a.getAttribute('href')),
+            attributes: [...box.querySelectorAll('*')].flatMap((e) => e.getAttributeNames())
+              .filter((name) => name.startsWith('on') || name === 'src' || name === 'style') };
+          box.remove();
+          return out;
+        })()"#;
+        let out = eval(&client, cases).await?;
+        let owned = eval(&client, "new Promise((done) => setTimeout(() => done(window.owned ?? null), 100))").await?;
+        let checks = [
+            (out["cr"] == json!(["Title", "Text after it"]), "a heading line ending in \\r"),
+            (out["separators"] == json!("one\u{2028}two\u{2029}three"), "U+2028 and U+2029"),
+            (out["deep"]["kept"] == json!(true), "20,000 nested > (its text)"),
+            (out["deep"]["ms"].as_f64().is_some_and(|ms| ms < 2000.0), "20,000 nested > (in time)"),
+            (out["numbers"] == json!([1, 2, 3, 4]), "an ordered list split by code and text"),
+            (out["nested"]["numbers"] == json!([1, 2]), "bullets under a numbered item (numbers)"),
+            (out["nested"]["bullets"] == json!(["a", "b"]), "bullets under a numbered item"),
+            (out["fence"] == json!([1, "```js\nx\n```", "md", "after"]), "a ```` fence"),
+            (
+                out["link"] == json!([
+                    "https://en.wikipedia.org/wiki/Rust_(programming_language)", "_blank",
+                    "noopener noreferrer", "See Rust."
+                ]),
+                "a link with parentheses",
+            ),
+            (out["table"]["head"] == json!(["name", "n"]), "the table's head"),
+            (out["table"]["cells"] == json!(["a b", "1", "c", "22"]), "the table's cells"),
+            (out["table"]["align"] == json!("right"), "the table's column alignment"),
+            (out["table"]["em"] == json!("b"), "markdown in a table cell"),
+            (out["hostile"]["tags"] == json!(["a", "p"]), "hostile markup's elements"),
+            (out["hostile"]["links"] == json!(["https://example.com/"]), "hostile markup's links"),
+            (out["hostile"]["attributes"] == json!([]), "hostile markup's attributes"),
+            (owned == Value::Null, "hostile markup ran"),
+        ];
+        for (ok, what) in checks {
+            if !ok {
+                return Err(format!("{what}: wrong in {out}"));
+            }
+        }
+        // Streamed a few characters at a time (the page renders from the last block on as it
+        // comes), an answer ends rendered as it is whole; a link's reference may come last.
+        let blocks = "Title\n=====\n\nSee [the docs][1] and *this\nline*.\n\n- a\n- b\n\n- c\n\n\
+            1. one\n\n```\ncode\n```\n\n2. two\n   - nested\n\n> quote\nlazy\n\n\
+            text\n| x | y |\n|---|---|\n| 1 | 2 |\n\n---\n\n    indented\n";
+        let referenced = format!("{blocks}\n[1]: https://example.com/docs\n");
+        for (answer, link) in [(blocks, false), (&referenced, true)] {
+            stub_answers(&client, &pieces(answer, 3), json!({})).await?;
+            ask_stub(&client, "streamed").await?;
+            let same = eval(&client, &format!("(() => {{ const whole = document.createElement('div'); whole.append(markdown({})); return [{LAST_ANSWER}.querySelector('.body').innerHTML, whole.innerHTML]; }})()", json!(answer))).await?;
+            let linked = same[0].as_str().unwrap_or_default().contains("href=\"https://example.com/docs\"");
+            if same[0] != same[1] || linked != link {
+                return Err(format!("streamed, the answer is rendered as {} rather than {}", same[0], same[1]));
+            }
+        }
+        Ok(())
+    })
+    .await;
+    let _ = client.close().await;
+}
+
+/// An answer the renderer could choke on, or one it fails on, is never lost: the question
+/// and the answer stay on the page, the answer as text if it cannot be rendered (the
+/// hand-written renderer threw on these and the page then deleted both).
+#[tokio::test(flavor = "current_thread")]
+async fn an_answer_that_fails_to_render_stays_as_text_with_its_question() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let (_server, _driver, _profile, client) = open_page(&dir, &[]).await;
+    checked(&client, async {
+        let deep = format!("{} deep", ">".repeat(20_000));
+        let answers = [
+            ("a heading ending in \\r", "# Heading\r\nOne\u{2028}two".to_string()),
+            ("20,000 nested >", deep),
+        ];
+        for (what, answer) in answers {
+            stub_answers(&client, &pieces(&answer, 40), json!({"burst": 5})).await?;
+            let text = ask_stub(&client, what).await?;
+            if text != json!(answer) {
+                return Err(format!("{what}: the answer's text is {text}"));
+            }
+            let shown = eval(&client, &format!("[document.querySelectorAll('article.user').length, {LAST_ANSWER}.querySelector('.body').textContent.includes('two') || {LAST_ANSWER}.querySelector('.body').textContent.includes('deep')]")).await?;
+            if shown[1] != json!(true) {
+                return Err(format!("{what}: the answer is not shown ({shown})"));
+            }
+        }
+        // The renderer itself failing: the answer is shown as it came.
+        eval(&client, "(window.markdown = window.markdownBlocks = () => { throw new Error('a renderer bug'); }, true)").await?;
+        let answer = "**Bold** and more.";
+        stub_answers(&client, &pieces(answer, 3), json!({})).await?;
+        let text = ask_stub(&client, "the renderer fails").await?;
+        let page = eval(&client, &format!("[[...document.querySelectorAll('article.user')].map((a) => a.textContent), {LAST_ANSWER}.querySelector('.body').textContent, document.getElementById('error').hidden]")).await?;
+        let questions = json!(["a heading ending in \\r", "20,000 nested >", "the renderer fails"]);
+        if text != json!(answer) || page != json!([questions, answer, true]) {
+            return Err(format!("after a rendering failure the page shows {page} ({text})"));
+        }
+        Ok(())
+    })
+    .await;
+    let _ = client.close().await;
+}
+
+/// An 8 KB answer (headings, lists, tables, code) streamed as 2,000 events, many a read as
+/// from a fast model, renders without blocking the page more than 100 ms at a time (the
+/// page rendered it whole at every event: 12-17 s of blocked main thread), and whole.
+#[tokio::test(flavor = "current_thread")]
+async fn a_long_streamed_answer_never_blocks_the_page() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let (_server, _driver, _profile, client) = open_page(&dir, &[]).await;
+    let mut answer = String::new();
+    let mut parts = 0;
+    while answer.len() < 8 * 1024 {
+        parts += 1;
+        answer += &format!(
+            "## Part {parts}\n\nSome **bold** text, *emphasis* and `code` in a paragraph.\n\n\
+             1. first\n2. second\n   - nested\n\n| n | square |\n|---|---:|\n| {parts} | {} |\n\n\
+             ```rust\nfn part_{parts}() -> u32 {{ {parts} }}\n```\n\n",
+            parts * parts
+        );
+    }
+    // 2,000 pieces of 4 or 5 bytes (the answer is ASCII).
+    let n = answer.len();
+    let events: Vec<String> = (0..2000)
+        .map(|i| answer[i * n / 2000..(i + 1) * n / 2000].to_string())
+        .collect();
+    checked(&client, async {
+        stub_answers(&client, &events, json!({"burst": 50})).await?;
+        let supported = eval(&client, "PerformanceObserver.supportedEntryTypes.includes('longtask')").await?;
+        if supported != json!(true) {
+            return Err("this Chromium reports no long tasks".into());
+        }
+        // Once the page has been idle (and so warmed up, as it does when loaded).
+        eval(&client, "new Promise((done) => requestIdleCallback(() => done(true)))").await?;
+        eval(&client, "(window.longest = 0, new PerformanceObserver((list) => { for (const task of list.getEntries()) longest = Math.max(longest, task.duration); }).observe({ type: 'longtask' }), true)").await?;
+        let text = ask_stub(&client, "A long answer, please.").await?;
+        // The observer is told of tasks after they end: a frame later.
+        let longest = eval(&client, "new Promise((done) => requestAnimationFrame(() => setTimeout(() => done(longest), 50)))").await?;
+        let shown = eval(&client, &format!("(() => {{ const answer = {LAST_ANSWER}; return [answer.querySelectorAll('h4').length, answer.querySelectorAll('table').length, answer.querySelectorAll('pre').length, answer.querySelector('h4:last-of-type')?.textContent]; }})()")).await?;
+        eprintln!("{} events: the longest task took {longest} ms", events.len());
+        if !longest.as_f64().is_some_and(|ms| ms < 100.0) {
+            return Err(format!("the page was blocked for {longest} ms at a time (over {} events)", events.len()));
+        }
+        if text != json!(answer) {
+            return Err(format!("the answer came as {} bytes, not {}", text.as_str().map_or(0, str::len), answer.len()));
+        }
+        if shown != json!([parts, parts, parts, format!("Part {parts}")]) {
+            return Err(format!("the answer of {parts} parts is rendered as {shown} (h4, tables, code, last heading)"));
+        }
+        Ok(())
+    })
+    .await;
+    let _ = client.close().await;
+}
+
+/// While an answer streams, the live log is `aria-busy`, so that a screen reader reads the
+/// answer once when it is done instead of again at each token; then it is not.
+#[tokio::test(flavor = "current_thread")]
+async fn the_log_is_busy_while_an_answer_streams() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let (_server, _driver, _profile, client) = open_page(&dir, &[]).await;
+    checked(&client, async {
+        let answer = "One two three four five six seven eight nine ten.";
+        stub_answers(&client, &pieces(answer, 4), json!({"holdAt": 4})).await?;
+        fill(&client, "prompt", "Count to ten.\n").await?;
+        // Held after four pieces: shown so far, and busy.
+        let partial = format!(
+            "{LAST_ANSWER}?.querySelector('.body').textContent === {}",
+            json!(answer[..16])
+        );
+        until(&client, &partial, Duration::from_secs(10)).await?;
+        let live = "[document.getElementById('log').getAttribute('aria-live'), document.getElementById('log').getAttribute('aria-busy')]";
+        let during = eval(&client, live).await?;
+        if during != json!(["polite", "true"]) {
+            return Err(format!("while streaming the log is {during} (aria-live, aria-busy)"));
+        }
+        eval(&client, "(stub.hold = false, true)").await?;
+        let done = format!("{LAST_ANSWER}.dataset.state === 'done'");
+        until(&client, &done, Duration::from_secs(10)).await?;
+        let after = eval(&client, live).await?;
+        if after != json!(["polite", "false"]) {
+            return Err(format!("after the answer the log is {after} (aria-live, aria-busy)"));
+        }
+        Ok(())
+    })
+    .await;
+    let _ = client.close().await;
+}
+
+/// The server lost mid-answer (killed): the question and the partial answer stay, and the
+/// answer says the connection was lost (the page said "network error" and deleted both).
+#[tokio::test(flavor = "current_thread")]
+async fn a_lost_connection_keeps_the_partial_answer_and_says_so() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let (mut server, _driver, _profile, client) = open_page(&dir, &[]).await;
+    checked(&client, async {
+        click(&client, "settings-toggle").await?;
+        fill(&client, "max-tokens", "2000").await?;
+        let question = "Write a very long story about a dragon who learns to cook.";
+        fill(&client, "prompt", &format!("{question}\n")).await?;
+        until(&client, &format!("{LAST_ANSWER}?.dataset.text?.length > 20"), Duration::from_secs(60)).await?;
+        server.child.kill().map_err(|e| e.to_string())?;
+        server.child.wait().map_err(|e| e.to_string())?;
+        let failed = format!("{LAST_ANSWER}?.dataset.state === 'failed'");
+        until(&client, &failed, Duration::from_secs(10)).await?;
+        let page = eval(&client, &format!("(() => {{ const answer = {LAST_ANSWER}; return {{
+            question: document.querySelector('article.user')?.textContent,
+            text: answer.dataset.text, shown: answer.querySelector('.body').textContent,
+            note: getComputedStyle(answer, '::after').content,
+            error: document.getElementById('error').hidden ? null : document.getElementById('error').textContent,
+            ready: !document.getElementById('send').hidden }}; }})()")).await?;
+        let text = page["text"].as_str().unwrap_or_default();
+        let checks = [
+            (page["question"] == json!(question), "the question"),
+            (text.len() > 20 && page["shown"].as_str().is_some_and(|s| s.contains(text.trim_end())), "the partial answer"),
+            (page["note"] == json!("\"connection lost: the answer is incomplete\""), "the answer's note"),
+            (page["error"] == json!("the connection to the server was lost"), "the error"),
+            (page["ready"] == json!(true), "Send"),
+        ];
+        for (ok, what) in checks {
+            if !ok {
+                return Err(format!("{what}: wrong in {page}"));
+            }
+        }
+        Ok(())
+    })
+    .await;
+    let _ = client.close().await;
+}
+
+/// Over plain HTTP under another host name (an `--allowed-host`, as behind a proxy), the page
+/// is no secure context and has no `navigator.clipboard`: Copy still copies, and says so
+/// (it silently did nothing).
+#[tokio::test(flavor = "current_thread")]
+async fn copy_works_over_plain_http_on_another_host_name() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let server = Server::start(&dir, &["--allowed-host", "copytest.example"]);
+    let rules = "--host-resolver-rules=MAP copytest.example 127.0.0.1";
+    let look = Look {
+        args: &[rules],
+        ..Look::default()
+    };
+    let (_driver, _profile, client) = open_browser(&server, &look).await;
+    checked(&client, async {
+        let port = server.address.rsplit(':').next().unwrap_or_default();
+        (client.goto(&format!("http://copytest.example:{port}/")).await).map_err(|e| e.to_string())?;
+        until(&client, "typeof markdown === 'function'", Duration::from_secs(20)).await?;
+        let context = eval(&client, "[location.hostname, window.isSecureContext, navigator.clipboard === undefined]").await?;
+        if context != json!(["copytest.example", false, true]) {
+            return Err(format!("the page is not on an insecure host name: {context}"));
+        }
+        click(&client, "settings-toggle").await?;
+        fill(&client, "temperature", "0").await?;
+        fill(&client, "max-tokens", "8").await?;
+        let answer = ask(&client, "Say hello.").await?;
+        // Every label Copy shows, however briefly.
+        eval(&client, &format!("(() => {{ const button = {LAST_ANSWER}.querySelector('.copy'); window.labels = []; new MutationObserver(() => labels.push(button.textContent)).observe(button, {{ childList: true, characterData: true, subtree: true }}); button.id = 'copy-last'; return true; }})()")).await?;
+        click(&client, "copy-last").await?;
+        until(&client, "window.labels.length > 0", Duration::from_secs(5)).await?;
+        let labels = eval(&client, "window.labels").await?;
+        if labels[0] != json!("Copied") {
+            return Err(format!("Copy said {labels}"));
+        }
+        // What was copied, pasted by the keyboard into the message box.
+        fill(&client, "prompt", "").await?;
+        let prompt = (client.find(Locator::Id("prompt")).await).map_err(|e| e.to_string())?;
+        (prompt.send_keys("\u{E009}v\u{E000}").await).map_err(|e| e.to_string())?;
+        let pasted = eval(&client, "document.getElementById('prompt').value").await?;
+        if pasted != json!(answer) {
+            return Err(format!("pasted {pasted}, not the answer {answer:?}"));
+        }
+        Ok(())
+    })
+    .await;
+    let _ = client.close().await;
+}
+
+/// Hebrew and Arabic read right to left (each message and block takes its direction from its
+/// own text), and on a phone's 375 pixels nothing widens the page: long words and addresses
+/// break, code and tables scroll in their own box.
+#[tokio::test(flavor = "current_thread")]
+async fn messages_take_their_direction_and_fit_a_phone_screen() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let server = Server::start(&dir, &[]);
+    let look = Look {
+        phone: true,
+        ..Look::default()
+    };
+    let (_driver, _profile, client) = open_browser(&server, &look).await;
+    checked(&client, async {
+        let long = "x".repeat(300);
+        let answer = format!(
+            "مرحبا بك، كيف يمكنني المساعدة؟\n\nAn English paragraph.\n\n\
+             ### {long}\n\n- {long}\n- https://example.com/{long}\n\n`{long}` and [a link](https://example.com/{long})\n\n\
+             | a | b | c |\n|---|---|---|\n| {long} | {long} | {long} |\n\n```\n{long}\n```\n"
+        );
+        stub_answers(&client, &pieces(&answer, 50), json!({"burst": 10})).await?;
+        ask_stub(&client, "שלום, מה שלומך?").await?;
+        let page = eval(&client, &format!("(() => {{
+            const answer = {LAST_ANSWER};
+            const direction = (node) => node && getComputedStyle(node).direction;
+            const fits = (node) => node.scrollWidth <= node.clientWidth;
+            return {{
+                width: window.innerWidth,
+                question: direction(document.querySelector('article.user .body')),
+                arabic: direction(answer.querySelector('.body p')),
+                english: direction(answer.querySelectorAll('.body p')[1]),
+                page: fits(document.documentElement) && fits(document.body),
+                log: fits(document.getElementById('log')),
+                messages: [...document.querySelectorAll('article')].every(fits),
+                blocks: [...answer.querySelectorAll('.body > *, li')].filter((e) => !fits(e)).map((e) => e.localName),
+                scrolling: [...answer.querySelectorAll('pre, .table')].map((e) => [e.localName, getComputedStyle(e).overflowX, e.scrollWidth > e.clientWidth]),
+            }}; }})()")).await?;
+        let expected = json!({
+            "width": 375, "question": "rtl", "arabic": "rtl", "english": "ltr",
+            "page": true, "log": true, "messages": true, "blocks": ["div", "pre"],
+            "scrolling": [["div", "auto", true], ["pre", "auto", true]],
+        });
+        if page != expected {
+            return Err(format!("at 375 pixels the page is {page}, not {expected}"));
+        }
+        Ok(())
+    })
+    .await;
+    let _ = client.close().await;
+}
+
+/// A cleared Temperature or Max tokens is left out of the request (the server's default):
+/// it was sent as 0, and a max_tokens of 0 is refused (400).
+#[tokio::test(flavor = "current_thread")]
+async fn cleared_settings_are_left_out_of_the_request() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let (_server, _driver, _profile, client) = open_page(&dir, &[]).await;
+    checked(&client, async {
+        stub_answers(&client, &pieces("Hello.", 2), json!({})).await?;
+        click(&client, "settings-toggle").await?;
+        fill(&client, "temperature", "").await?;
+        fill(&client, "max-tokens", "").await?;
+        ask_stub(&client, "Hi").await?;
+        fill(&client, "temperature", "0.5").await?;
+        fill(&client, "max-tokens", "64").await?;
+        ask_stub(&client, "Hi again").await?;
+        let sent = eval(&client, "stub.requests.map((r) => [r.temperature ?? null, r.max_tokens ?? null, 'temperature' in r, 'max_tokens' in r])").await?;
+        let expected = json!([[null, null, false, false], [0.5, 64, true, true]]);
+        if sent != expected {
+            return Err(format!("sent {sent} (temperature, max_tokens, present), not {expected}"));
+        }
+        Ok(())
+    })
+    .await;
+    let _ = client.close().await;
+}
+
+/// Contrast, computed from what Chromium draws, of a JavaScript list of [selector, pseudo
+/// element] pairs: each pair's ratio (WCAG 2), its text over its background, the
+/// backgrounds of its ancestors blended in and its opacity applied.
+const CONTRAST: &str = r#"((pairs) => {
+  const rgba = (css) => {
+    const m = css.match(/^rgba?\(([\d.]+),? ([\d.]+),? ([\d.]+)(?:[,/] ?([\d.]+))?\)$/);
+    if (!m) throw new Error(`not an rgb colour: ${css}`);
+    return [+m[1], +m[2], +m[3], m[4] === undefined ? 1 : +m[4]];
+  };
+  const over = ([r, g, b, a], [R, G, B]) => [r * a + R * (1 - a), g * a + G * (1 - a), b * a + B * (1 - a)];
+  const luminance = (rgb) => {
+    const [r, g, b] = rgb.map((c) => (c /= 255) <= 0.04045 ? c / 12.92 : ((c + 0.055) / 1.055) ** 2.4);
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  return pairs.map(([selector, pseudo]) => {
+    const node = document.querySelector(selector);
+    if (!node) return [selector, pseudo, null];
+    const chain = [];
+    for (let e = node; e; e = e.parentElement) chain.unshift(e);
+    let background = [255, 255, 255];
+    let opacity = 1;
+    for (const e of chain) {
+      const style = getComputedStyle(e);
+      background = over(rgba(style.backgroundColor), background);
+      opacity *= +style.opacity;
+    }
+    const [r, g, b, a] = rgba(getComputedStyle(node, pseudo).color);
+    const text = over([r, g, b, a * opacity], background);
+    const [light, dark] = [luminance(text), luminance(background)].sort((x, y) => y - x);
+    return [selector, pseudo, Math.round(((light + 0.05) / (dark + 0.05)) * 100) / 100];
+  });
+})"#;
+
+/// Every text on the page is at least 4.5:1 against its background (WCAG AA), in light and
+/// dark colours: Copy was 4.45:1, the dark placeholder 3.69:1.
+#[tokio::test(flavor = "current_thread")]
+async fn text_meets_wcag_aa_contrast_in_light_and_dark() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let server = Server::start(&dir, &[]);
+    let pairs = json!([
+        ["#model", null],
+        ["#new", null],
+        ["#settings-toggle", null],
+        ["label[for=system]", null],
+        ["#system", null],
+        ["#system", "::placeholder"],
+        ["#prompt", "::placeholder"],
+        ["#key", "::placeholder"],
+        ["#temperature", null],
+        ["#send", null],
+        ["#stop", null],
+        ["#error", null],
+        ["#empty", null],
+        ["article.user .body p", null],
+        ["article.assistant .body p", null],
+        ["article.assistant a", null],
+        ["article.assistant blockquote", null],
+        ["article.assistant li", null],
+        ["article.assistant p code", null],
+        ["article.assistant pre code", null],
+        ["article.assistant td", null],
+        ["article.assistant .copy", null],
+        ["article.assistant", "::after"],
+    ]);
+    let answer = "Some text with [a link](https://example.com/) and `code`.\n\n> A quote.\n\n\
+                  - an item\n\n| a |\n|---|\n| b |\n\n```\ncode block\n```\n";
+    for (scheme, args) in [("light", &[][..]), ("dark", &["--force-dark-mode"][..])] {
+        let look = Look {
+            args,
+            ..Look::default()
+        };
+        let (_driver, _profile, client) = open_browser(&server, &look).await;
+        checked(&client, async {
+            let dark = eval(
+                &client,
+                "matchMedia('(prefers-color-scheme: dark)').matches",
+            )
+            .await?;
+            if dark != json!(scheme == "dark") {
+                return Err(format!("{scheme}: prefers-color-scheme: dark is {dark}"));
+            }
+            let hint = eval(&client, &format!("{CONTRAST}([['#empty', null]])")).await?;
+            stub_answers(&client, &pieces(answer, 8), json!({"finish": "length"})).await?;
+            click(&client, "settings-toggle").await?;
+            ask_stub(&client, "Hi").await?;
+            eval(&client, "(showError('an error'), true)").await?;
+            let mut ratios = eval(&client, &format!("{CONTRAST}({pairs})")).await?;
+            ratios[12] = hint[0].clone();
+            let low: Vec<&Value> = (ratios.as_array().into_iter().flatten())
+                .filter(|pair| !pair[2].as_f64().is_some_and(|ratio| ratio >= 4.5))
+                .collect();
+            if !low.is_empty() {
+                return Err(format!(
+                    "{scheme}: below 4.5:1 (selector, pseudo element, ratio): {low:?}"
+                ));
+            }
+            Ok(())
+        })
+        .await;
+        let _ = client.close().await;
+    }
+}
+
+/// The page has an icon, from this origin under the same policy, and `/favicon.ico` (which
+/// browsers ask for) is one too: it was a 404, a console error on every visit. Everything
+/// the page loads loads.
+#[tokio::test(flavor = "current_thread")]
+async fn the_page_has_an_icon_and_loads_whole() {
+    let Some(dir) = artifact_dir() else { return };
+    if !browser_available() {
+        return;
+    }
+    let (_server, _driver, _profile, client) = open_page(&dir, &[]).await;
+    checked(&client, async {
+        let icons = eval(&client, "Promise.all([document.querySelector('link[rel=icon]')?.href ?? 'none', '/favicon.ico'].map(async (url) => {
+            const image = new Image();
+            image.src = url;
+            const drawn = await image.decode().then(() => image.naturalWidth > 0, () => false);
+            const response = await fetch(url);
+            return [response.status, response.headers.get('content-type'), drawn];
+        }))").await?;
+        let expected = json!([[200, "image/svg+xml", true], [200, "image/svg+xml", true]]);
+        if icons != expected {
+            return Err(format!("the icons: {icons} (status, type, drawn), not {expected}"));
+        }
+        let failed = eval(&client, "performance.getEntriesByType('navigation').concat(performance.getEntriesByType('resource')).filter((e) => e.responseStatus !== 200).map((e) => [e.name, e.responseStatus])").await?;
+        if failed != json!([]) {
+            return Err(format!("the page loaded with failures: {failed}"));
+        }
+        Ok(())
+    })
+    .await;
+    let _ = client.close().await;
 }

@@ -1,7 +1,9 @@
-//! The chat page at `/` (`--no-webui` turns it off): three static files compiled into the
-//! binary, so it works offline and with no CDN. The page talks to the server only through the
-//! public API (`/v1/models`, `/v1/chat/completions` with server-sent events), as any client
-//! does, so it needs no route or privilege of its own.
+//! The chat page at `/` (`--no-webui` turns it off): static files compiled into the binary,
+//! so it works offline and with no CDN: the page, its script and style, its icon, and
+//! markdown-it (a markdown parser, vendored from npm into `webui/vendor/` by
+//! `webui/vendor.sh`, which also checks the copy against `webui/package-lock.json`). The page
+//! talks to the server only through the public API (`/v1/models`, `/v1/chat/completions` with
+//! server-sent events), as any client does, so it needs no route or privilege of its own.
 //!
 //! Its responses carry a strict Content-Security-Policy: scripts, styles and requests from
 //! this origin only, no inline script, no framing by other pages (clickjacking). The API key,
@@ -15,6 +17,8 @@ use axum::routing::get;
 const INDEX: &str = include_str!("../webui/index.html");
 const SCRIPT: &str = include_str!("../webui/app.js");
 const STYLE: &str = include_str!("../webui/style.css");
+const ICON: &str = include_str!("../webui/icon.svg");
+const MARKDOWN_IT: &str = include_str!("../webui/vendor/markdown-it.min.js");
 
 /// Only what the page's own files need: nothing inline, nothing from elsewhere.
 const POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; \
@@ -35,6 +39,19 @@ pub(crate) fn routes<S: Clone + Send + Sync + 'static>() -> axum::Router<S> {
         .route(
             "/webui/style.css",
             get(|| async { file("text/css; charset=utf-8", STYLE) }),
+        )
+        .route(
+            "/webui/vendor/markdown-it.min.js",
+            get(|| async { file("text/javascript; charset=utf-8", MARKDOWN_IT) }),
+        )
+        .route(
+            "/webui/icon.svg",
+            get(|| async { file("image/svg+xml", ICON) }),
+        )
+        // Asked for by browsers and tools that do not read the page's <link rel="icon">.
+        .route(
+            "/favicon.ico",
+            get(|| async { file("image/svg+xml", ICON) }),
         )
 }
 

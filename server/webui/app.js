@@ -1,7 +1,9 @@
 // The chat page: one conversation at a time, each answer streamed from
 // /v1/chat/completions (server-sent events), the public API any client uses.
 // No framework and no network beyond this server: the page must work offline, from inside
-// the binary, under a Content-Security-Policy that allows nothing inline.
+// the binary, under a Content-Security-Policy that allows nothing inline. Markdown is parsed
+// by markdown-it (vendor/markdown-it.min.js, loaded before this file), whose tokens are
+// built here into DOM nodes: model output never becomes HTML.
 "use strict";
 
 const $ = (id) => document.getElementById(id);
@@ -75,6 +77,9 @@ function askForKey(message) {
 function report(error) {
   if (error.status === 401) {
     askForKey(`${error.message}: enter the server's API key in Settings.`);
+  } else if (error instanceof TypeError) {
+    // fetch's own failure: no answer from the server at all.
+    showError(`the server could not be reached (${error.message})`);
   } else {
     showError(error.message || String(error));
   }
@@ -97,21 +102,33 @@ async function loadModel() {
 // --- server-sent events: each `data:` payload, parsed, until [DONE]; a comment (the
 // server's `: waiting for a free slot` while the request is queued) as {comment} ---
 
+// The stream broke before [DONE]: the server was stopped, or the network failed.
+class ConnectionLost extends Error {
+  constructor() {
+    super("the connection to the server was lost");
+  }
+}
+
 async function* events(body) {
   const reader = body.pipeThrough(new TextDecoderStream()).getReader();
   let buffer = "";
   for (;;) {
-    const { value, done } = await reader.read();
-    if (done) return;
-    buffer += value.replace(/\r\n?/g, "\n");
-    let end;
-    while ((end = buffer.indexOf("\n\n")) >= 0) {
-      const block = buffer.slice(0, end);
-      buffer = buffer.slice(end + 2);
-      const comment = block.split("\n").find((line) => line.startsWith(":"));
+    let read;
+    try {
+      read = await reader.read();
+    } catch {
+      throw new ConnectionLost();
+    }
+    if (read.done) throw new ConnectionLost();
+    buffer += read.value.replace(/\r\n?/g, "\n");
+    // One read may hold many events (a fast model, a slow page): split once, not per event.
+    const blocks = buffer.split("\n\n");
+    buffer = blocks.pop();
+    for (const block of blocks) {
+      const lines = block.split("\n");
+      const comment = lines.find((line) => line.startsWith(":"));
       if (comment) yield { comment: comment.slice(1).trim() };
-      const data = block
-        .split("\n")
+      const data = lines
         .filter((line) => line.startsWith("data:"))
         .map((line) => line.slice(5).replace(/^ /, ""))
         .join("\n");
@@ -121,10 +138,46 @@ async function* events(body) {
   }
 }
 
-// --- markdown, built as DOM nodes (never innerHTML: model output is untrusted) ---
+// --- markdown: markdown-it parses it (CommonMark, with GFM tables and strikethrough), and
+// its tokens are built here as DOM nodes, never HTML: model output is untrusted. Raw HTML in
+// it stays text (html: false), only the elements below are made, links only to http(s). ---
 
-const LIST_ITEM = /^\s*([-*+]|\d+[.)])\s+/;
-const FENCE = /^\s*(```|~~~)\s*([\w+#.-]*)/;
+const md = markdownit({
+  html: false,
+  linkify: false,
+  typographer: false,
+  // A single newline breaks the line, as a model writing plain text means it.
+  breaks: true,
+  // Past this depth markdown-it leaves out what is nested (see markdownBlocks()); 20 is
+  // CommonMark's preset, far deeper than answers go, and keeps the page from 20,000 levels.
+  maxNesting: 20,
+});
+// No javascript:, data: or relative links from a model: such a link stays as written, text.
+md.validateLink = (url) => /^https?:\/\//i.test(url);
+
+// Each construct once, rendered when the page is idle (see the end of this file).
+const WARM_UP = `# a
+
+1. *b* **c** \`d\` [e](https://e.example/)
+   - f
+
+> g
+
+| h |
+|--:|
+| i |
+
+~~~
+j
+~~~`;
+
+// What markdown-it makes with html off; a token for anything else becomes a <span>.
+const TAGS = new Set(
+  "p h3 h4 h5 h6 blockquote ul ol li table thead tbody tr th td strong em s a hr br".split(" "),
+);
+// Each takes its direction from its own text: a Hebrew paragraph right to left, an English
+// one left to right, in the same answer.
+const DIRECTED = new Set("p h3 h4 h5 h6 blockquote ul ol li table th td".split(" "));
 
 function element(tag, text) {
   const node = document.createElement(tag);
@@ -132,90 +185,144 @@ function element(tag, text) {
   return node;
 }
 
-function startsBlock(line) {
-  return FENCE.test(line) || /^#{1,6}\s/.test(line) || LIST_ITEM.test(line) || line.startsWith(">");
-}
-
-// Code fences (an unclosed one runs to the end: the answer may still be streaming),
-// headings, lists, quotes and paragraphs.
+// `source` rendered: what the page's tests call.
 function markdown(source) {
   const root = document.createDocumentFragment();
-  const lines = source.split("\n");
-  let i = 0;
-  while (i < lines.length) {
-    const line = lines[i];
-    const fence = line.match(FENCE);
-    if (fence) {
-      const code = [];
-      for (i++; i < lines.length && !lines[i].trimStart().startsWith(fence[1]); i++) {
-        code.push(lines[i]);
-      }
-      i++;
-      const block = element("code", code.join("\n"));
-      if (fence[2]) block.dataset.lang = fence[2];
-      const pre = element("pre");
-      pre.append(block);
-      root.append(pre);
-    } else if (/^#{1,6}\s/.test(line)) {
-      const [, marks, text] = line.match(/^(#{1,6})\s+(.*)$/);
-      root.append(inline(element(`h${Math.min(marks.length + 2, 6)}`), text));
-      i++;
-    } else if (LIST_ITEM.test(line)) {
-      const list = element(/^\s*\d/.test(line) ? "ol" : "ul");
-      for (; i < lines.length && LIST_ITEM.test(lines[i]); i++) {
-        list.append(inline(element("li"), lines[i].replace(LIST_ITEM, "")));
-      }
-      root.append(list);
-    } else if (line.startsWith(">")) {
-      const quoted = [];
-      for (; i < lines.length && lines[i].startsWith(">"); i++) {
-        quoted.push(lines[i].replace(/^>\s?/, ""));
-      }
-      const quote = element("blockquote");
-      quote.append(markdown(quoted.join("\n")));
-      root.append(quote);
-    } else if (!line.trim()) {
-      i++;
-    } else {
-      const paragraph = [];
-      for (; i < lines.length && lines[i].trim() && !startsBlock(lines[i]); i++) {
-        paragraph.push(lines[i]);
-      }
-      root.append(inline(element("p"), paragraph.join("\n")));
-    }
-  }
+  root.append(...markdownBlocks(source).nodes);
   return root;
 }
 
-// `code`, **bold**, *italic* / _italic_ (not inside snake_case words), and links to
-// http(s) addresses only (no javascript: or data: URLs from a model).
-const INLINE =
-  /(`+)([\s\S]*?[^`])\1(?!`)|\*\*([^*]+)\*\*|\*([^*\s][^*]*)\*|(?<!\w)_([^_\s][^_]*)_(?!\w)|\[([^\]]+)\]\((https?:\/\/[^\s)]+)\)/g;
-
-function inline(parent, text) {
-  let at = 0;
-  for (const m of text.matchAll(INLINE)) {
-    parent.append(text.slice(at, m.index));
-    if (m[1]) {
-      parent.append(element("code", m[2].trim()));
-    } else if (m[3] !== undefined) {
-      parent.append(inline(element("strong"), m[3]));
-    } else if (m[4] !== undefined || m[5] !== undefined) {
-      parent.append(inline(element("em"), m[4] ?? m[5]));
-    } else {
-      const link = element("a", m[6]);
-      link.href = m[7];
-      link.rel = "noopener noreferrer";
-      link.target = "_blank";
-      parent.append(link);
-    }
-    at = m.index + m[0].length;
+// `source`'s top-level blocks as DOM nodes, one each, and where in `source` the last starts.
+function markdownBlocks(source) {
+  const tokens = md.parse(source, {});
+  // Nested to the limit (a model's 20,000 `>`): markdown-it dropped what was inside, so the
+  // text is shown as it came instead.
+  if (tokens.some((token) => token.nesting === 1 && token.level >= md.options.maxNesting - 1)) {
+    return { nodes: [element("p", source)], last: 0 };
   }
-  parent.append(text.slice(at));
-  return parent;
+  const root = document.createDocumentFragment();
+  build(root, tokens);
+  const line = tokens.findLast((token) => token.level === 0 && token.map)?.map[0] ?? 0;
+  // Where that line starts, its lines counted as markdown-it counts them.
+  const newline = /\r\n?|\n/g;
+  let last = 0;
+  for (let i = 0; i < line && newline.exec(source); i++) last = newline.lastIndex;
+  return { nodes: [...root.childNodes], last };
+}
+
+// Appends `tokens` (a block's, or an inline token's children) to `parent`: an opening token's
+// element holds what follows it until its closing token.
+function build(parent, tokens) {
+  const open = [parent];
+  for (const token of tokens) {
+    const into = open.at(-1);
+    if (token.nesting === -1) {
+      open.pop();
+    } else if (token.nesting === 1) {
+      // A tight list's paragraphs are hidden: their text goes straight into the item.
+      open.push(token.hidden ? into : opening(into, token));
+    } else {
+      leaf(into, token);
+    }
+  }
+}
+
+// The element an opening token makes, appended to `parent`: what its content goes into.
+function opening(parent, token) {
+  const heading = /^h([1-6])$/.exec(token.tag);
+  // Headings from h3: the answer's `#` is below the page's own.
+  const name = heading ? `h${Math.min(Number(heading[1]) + 2, 6)}` : token.tag;
+  const node = element(TAGS.has(name) ? name : "span");
+  if (DIRECTED.has(node.localName)) node.dir = "auto";
+  if (node.localName === "ol" && token.attrGet("start")) {
+    // A list split by a code block or a paragraph goes on with its numbering.
+    node.start = Number(token.attrGet("start"));
+  }
+  // A table column's alignment, set through the DOM (a style attribute would break the policy).
+  const align = /text-align:(left|center|right)/.exec(token.attrGet("style") ?? "");
+  if (align) node.style.textAlign = align[1];
+  if (node.localName === "a") {
+    const href = token.attrGet("href") ?? "";
+    // markdown-it checked it (validateLink); checked again here, where it becomes a link.
+    if (/^https?:\/\//i.test(href)) {
+      node.href = href;
+      node.rel = "noopener noreferrer";
+      node.target = "_blank";
+    }
+    if (token.attrGet("title")) node.title = token.attrGet("title");
+  }
+  if (node.localName === "table") {
+    // A wide table scrolls in its own box, not the page.
+    const box = element("div");
+    box.className = "table";
+    box.append(node);
+    parent.append(box);
+  } else {
+    parent.append(node);
+  }
+  return node;
+}
+
+function leaf(parent, token) {
+  switch (token.type) {
+    case "inline":
+      build(parent, token.children);
+      break;
+    case "code_inline":
+      parent.append(element("code", token.content));
+      break;
+    case "fence":
+    case "code_block": {
+      const code = element("code", token.content.replace(/\n$/, ""));
+      const lang = token.info.trim().split(/\s+/)[0];
+      if (lang) code.dataset.lang = lang;
+      const pre = element("pre");
+      pre.dir = "ltr";
+      pre.append(code);
+      parent.append(pre);
+      break;
+    }
+    case "hardbreak":
+      parent.append(element("br"));
+      break;
+    case "softbreak":
+      parent.append("\n");
+      break;
+    case "hr":
+      parent.append(element("hr"));
+      break;
+    default:
+      // Text, and an image's description (images are not fetched: the policy allows none).
+      parent.append(token.content);
+  }
 }
 
 // --- the conversation on the page ---
+
+// Copies `text` with the Clipboard API where the page is a secure context (https, or
+// localhost); else (plain http under another name: no navigator.clipboard) through a
+// selected, hidden textarea. Whether it was copied.
+async function copy(text) {
+  try {
+    await navigator.clipboard.writeText(text);
+    return true;
+  } catch {
+    const area = element("textarea");
+    area.value = text;
+    area.className = "offscreen";
+    area.readOnly = true;
+    area.setAttribute("aria-hidden", "true");
+    document.body.append(area);
+    area.select();
+    try {
+      return document.execCommand("copy");
+    } catch {
+      return false;
+    } finally {
+      area.remove();
+    }
+  }
+}
 
 function addMessage(role, text) {
   $("empty").hidden = true;
@@ -223,13 +330,20 @@ function addMessage(role, text) {
   view.className = `message ${role}`;
   const body = element("div");
   body.className = "body";
+  // The person's text takes its direction from itself (the answer's blocks from theirs).
+  body.dir = "auto";
   view.append(body);
   if (role === "assistant") {
-    const copy = element("button", "Copy");
-    copy.type = "button";
-    copy.className = "copy";
-    copy.addEventListener("click", () => navigator.clipboard?.writeText(view.dataset.text ?? ""));
-    view.append(copy);
+    const button = element("button", "Copy");
+    button.type = "button";
+    button.className = "copy";
+    button.addEventListener("click", async () => {
+      const copied = await copy(view.dataset.text ?? "");
+      button.textContent = copied ? "Copied" : "Copy failed";
+      button.focus();
+      setTimeout(() => (button.textContent = "Copy"), 2000);
+    });
+    view.append(button);
   }
   $("log").append(view);
   // A new turn is always brought into view.
@@ -239,31 +353,74 @@ function addMessage(role, text) {
 }
 
 // The answer so far: its text kept whole in data-text (what Copy copies), rendered as
-// markdown, with a model's reasoning (`reasoning_content`) folded above it.
-function show(view, text, reasoning) {
+// markdown, with a model's reasoning (`reasoning_content`) folded above it. `final`: the
+// whole answer has come (see renderAnswer()).
+function show(view, text, reasoning, final = true) {
   const log = $("log");
   // Follow the answer only if the person is at the bottom: not while they read above.
   const following = log.scrollHeight - log.scrollTop - log.clientHeight < 40;
   view.dataset.text = text;
   const body = view.querySelector(".body");
-  body.replaceChildren();
   if (reasoning) {
-    const details = element("details");
-    details.append(element("summary", "Thinking"), element("div", reasoning));
-    body.append(details);
+    // Made once, so that it stays open if the person opens it while the answer streams.
+    let thinking = view.querySelector(":scope > details");
+    if (!thinking) {
+      thinking = element("details");
+      thinking.dir = "auto";
+      thinking.append(element("summary", "Thinking"), element("div"));
+      view.insertBefore(thinking, body);
+    }
+    thinking.lastChild.textContent = reasoning;
   }
   if (view.classList.contains("user")) {
-    body.append(element("p", text));
+    body.replaceChildren(element("p", text));
   } else {
-    body.append(markdown(text));
+    renderAnswer(body, text, final);
   }
   if (following) log.scrollTop = log.scrollHeight;
+}
+
+// Per answer's body: how much of its text its first blocks were rendered from for good, and
+// how many. More text can change only an answer's last block, so each frame parses the text
+// from the last block on: it costs what that block does, not the whole answer. The
+// exception is a link reference (`[1]: https://...`), which may come after the links that
+// use it: with one, the final rendering parses the whole answer.
+const settled = new WeakMap();
+const REFERENCE = /^ {0,3}\[[^\]]+\]:/m;
+
+// Renders `text` into `body`, replacing only the blocks that changed (mostly the last):
+// laying the whole answer out again would cost more than parsing it, and would lose a
+// selection in it. A rendering failure shows the text as it is: never lost to a bug here.
+function renderAnswer(body, text, final) {
+  const whole = final && REFERENCE.test(text);
+  let kept = (!whole && settled.get(body)) || { length: 0, count: 0 };
+  let rest;
+  try {
+    rest = markdownBlocks(text.slice(kept.length));
+  } catch (error) {
+    console.error("the answer is shown as text: rendering it failed", error);
+    kept = { length: 0, count: 0 };
+    rest = { nodes: [element("p", text)], last: 0 };
+  }
+  const shown = [...body.childNodes];
+  const blocks = [...shown.slice(0, kept.count), ...rest.nodes];
+  let same = kept.count;
+  while (same < shown.length && same < blocks.length && shown[same].isEqualNode(blocks[same])) {
+    same++;
+  }
+  for (const node of shown.slice(same)) node.remove();
+  body.append(...blocks.slice(same));
+  const count = kept.count + Math.max(rest.nodes.length - 1, 0);
+  settled.set(body, { length: kept.length + rest.last, count });
 }
 
 function setBusy(controller) {
   state.controller = controller;
   $("send").hidden = Boolean(controller);
   $("stop").hidden = !controller;
+  // While an answer streams, the live log is busy: a screen reader reads it once, at the
+  // end, not again at each token.
+  $("log").setAttribute("aria-busy", String(Boolean(controller)));
 }
 
 async function send(text) {
@@ -279,15 +436,26 @@ async function send(text) {
   const request = {
     messages: system ? [{ role: "system", content: system }, ...conversation] : conversation,
     stream: true,
-    temperature: Number($("temperature").value),
-    max_tokens: Number($("max-tokens").value),
   };
+  // A cleared field is left out (the server's default), not sent as 0.
+  const temperature = $("temperature").valueAsNumber;
+  if (!Number.isNaN(temperature)) request.temperature = temperature;
+  const maxTokens = $("max-tokens").valueAsNumber;
+  if (!Number.isNaN(maxTokens)) request.max_tokens = maxTokens;
   if (state.model) request.model = state.model;
   const controller = new AbortController();
   setBusy(controller);
   let answer = "";
   let reasoning = "";
   let finish = null;
+  // Rendered at most once a frame: a long answer comes as thousands of events, and parsing
+  // it whole at each would block the page for seconds (Stop could not even be clicked).
+  let frame = 0;
+  const render = (final) => {
+    cancelAnimationFrame(frame);
+    frame = 0;
+    show(view, answer, reasoning, final);
+  };
   try {
     const response = await fetch("/v1/chat/completions", {
       method: "POST",
@@ -308,19 +476,32 @@ async function send(text) {
       answer += choice?.delta?.content ?? "";
       reasoning += choice?.delta?.reasoning_content ?? "";
       finish = choice?.finish_reason ?? finish;
-      show(view, answer, reasoning);
+      frame ||= requestAnimationFrame(() => render(false));
     }
+    render(true);
     view.dataset.state = "done";
     if (finish === "length") view.dataset.note = "max tokens reached";
     conversation.push({ role: "assistant", content: answer });
   } catch (error) {
+    render(true);
     if (controller.signal.aborted) {
       // Stopped: what came so far stays, as the conversation's answer.
       view.dataset.state = "stopped";
       view.dataset.note = "stopped";
       conversation.push({ role: "assistant", content: answer });
+    } else if (answer || reasoning) {
+      // Cut off mid-answer (the server lost, or failing): what came stays, as the
+      // conversation's answer, and says it is incomplete.
+      view.dataset.state = "failed";
+      view.dataset.note =
+        error instanceof ConnectionLost
+          ? "connection lost: the answer is incomplete"
+          : `the answer is incomplete: ${error.message}`;
+      conversation.push({ role: "assistant", content: answer });
+      report(error);
     } else {
-      // Failed: the turn is taken back and its text returned to the box, to send again.
+      // Failed before any answer: the turn is taken back and its text returned to the box,
+      // to send again.
       conversation.splice(conversation.indexOf(turn), 1);
       asked.remove();
       view.remove();
@@ -369,4 +550,18 @@ document.addEventListener("DOMContentLoaded", () => {
   });
   loadModel();
   $("prompt").focus();
+  // The first answer would wait for the parser's code to be compiled and the fonts of its
+  // elements to be loaded: both are done once when the page is idle, on a sample out of sight.
+  (window.requestIdleCallback ?? setTimeout)(() => {
+    const body = element("div");
+    body.className = "body";
+    body.append(markdown(WARM_UP));
+    const sample = element("div");
+    sample.className = "message assistant offscreen";
+    sample.setAttribute("aria-hidden", "true");
+    sample.append(body);
+    document.body.append(sample);
+    sample.getBoundingClientRect();
+    sample.remove();
+  });
 });

@@ -190,7 +190,7 @@ where
         next_id: Arc::new(AtomicU64::new(1)),
     };
     let shutdown_timeout = state.options.shutdown_timeout;
-    let app = routes::router(state);
+    let app = routes::router(state, tokens::routes());
     let stopped = runtime.block_on(transport::serve(
         listener,
         app,

@@ -37,12 +37,14 @@ pub(crate) struct State {
     pub next_id: Arc<AtomicU64>,
 }
 
-pub(crate) fn router(state: State) -> axum::Router {
+/// The server's routes: the chat and completion API here, `more_api` beside it under the
+/// same API checks (the tokenizer's routes), the chat page, health and metrics.
+pub(crate) fn router(state: State, more_api: axum::Router<State>) -> axum::Router {
     let api = axum::Router::new()
         .route("/v1/chat/completions", post(chat))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
-        .merge(crate::tokens::routes())
+        .merge(more_api)
         // The API key was checked before the body was read (`guard`).
         .route_layer(middleware::from_fn(crate::guard::json_only));
     let mut router = axum::Router::new().merge(api);

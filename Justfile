@@ -72,7 +72,8 @@ test:
     just test-tiers
 
 # The kernels' tests at each lower build this CPU runs (RUNTIME_CPU; see README), and the
-# int8 products on the real model at the AVX2 build
+# int8 products on the real model at the AVX2 build. A test of a tier above RUNTIME_CPU's
+# skips, saying so; one the CPU itself cannot run fails under REQUIRE_KERNELS (.ci/run).
 test-tiers:
     #!/usr/bin/env bash
     set -euo pipefail

@@ -4,9 +4,13 @@
 //!
 //! The tier can be lowered with the environment variable `RUNTIME_CPU` (`portable`, `avx2`,
 //! `avx512`, `avx512vnni`, `amx`), read once: so every tier's kernels are tested and measured on a
-//! host that has a higher one. A tier above what the CPU has changes nothing.
+//! host that has a higher one. A tier above what the CPU has changes nothing. `testing`
+//! decides whether a test of a tier's kernels runs, and when skipping it is a failure.
 
 use std::sync::OnceLock;
+
+#[doc(hidden)]
+pub mod testing;
 
 /// The builds of the kernels, lowest first; each tier's CPUs run every tier below it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]

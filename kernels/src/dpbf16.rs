@@ -363,14 +363,15 @@ mod avx512 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cpu::testing::Needs;
     use crate::testing::{in_pool, uniform};
 
-    /// Whether this CPU cannot run the kernels (and the test is skipped, saying so).
+    /// Whether the kernels cannot run at this tier (and the test is skipped, saying so; a
+    /// failure under `REQUIRE_KERNELS` where the CPU lacks AVX512_BF16: `cpu::testing`).
     fn skipped() -> bool {
-        if !runs() {
-            eprintln!("skipped: no AVX512_BF16 on this CPU (or RUNTIME_CPU)");
-        }
-        !runs()
+        let skipped = !crate::cpu::testing::runs(Needs::Bf16);
+        assert_eq!(runs(), !skipped);
+        skipped
     }
 
     fn widen(values: &[bf16]) -> Vec<f64> {
@@ -462,15 +463,42 @@ mod tests {
         }
     }
 
-    /// A prompt's products equal the definition (up to the order of f32 additions), and
-    /// each row's result is the one it gets alone, to the bit, at 1, 2 and 3 threads:
-    /// shapes with partial tiles, panels and groups, and an odd `d_in`; on AMX's tiles,
-    /// whole and partial pairs of tiles, a lone last panel, rows of a multiple of 1 KiB.
+    /// A prompt's products through [`linear_rows`] as the tier picks them (on AMX's tiles at
+    /// the amx tier, else the `vdpbf16ps` kernel, which `just test-tiers` runs at
+    /// `RUNTIME_CPU=avx512vnni` on an AMX host), as [`prompt_rows_follow_the_definition_in`].
     #[test]
     fn prompt_rows_follow_the_definition() {
         if skipped() {
             return;
         }
+        let on = if cpu::tier() >= Tier::Amx {
+            "AMX's tiles"
+        } else {
+            "vdpbf16ps"
+        };
+        eprintln!("prompt rows on {on} (the {} tier)", crate::cpu::tier());
+        prompt_rows_follow_the_definition_in(linear_rows);
+    }
+
+    /// AMX's tiles called directly, as [`prompt_rows_follow_the_definition_in`]: the amx
+    /// tier, which no CI host is sure to have (AMD's Zen 4 lacks it), so skipped where the
+    /// CPU lacks it even under `REQUIRE_KERNELS`, saying so.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn amx_prompt_rows_follow_the_definition() {
+        if !crate::cpu::testing::runs(Needs::Tier(Tier::Amx)) {
+            return;
+        }
+        assert!(amx::runs());
+        prompt_rows_follow_the_definition_in(amx::linear_rows);
+    }
+
+    /// A prompt's products (`linear`: [`linear_rows`] or a kernel of it) equal the
+    /// definition (up to the order of f32 additions), and each row's result is the one it
+    /// gets alone, to the bit, at 1, 2 and 3 threads: shapes with partial tiles, panels and
+    /// groups, and an odd `d_in`; on AMX's tiles, whole and partial pairs of tiles, a lone
+    /// last panel, rows of a multiple of 1 KiB.
+    fn prompt_rows_follow_the_definition_in(linear: fn(&[f32], &[bf16], usize) -> Vec<f32>) {
         let shapes = [
             (13, 576, 70),
             (30, 33, 130),
@@ -482,7 +510,7 @@ mod tests {
             let mut next = uniform(7 + rows as u64);
             let weight: Vec<bf16> = (0..d_out * d_in).map(|_| bf16::from_f32(next())).collect();
             let x: Vec<f32> = (0..rows * d_in).map(|_| next() * 2.0).collect();
-            let got = linear_rows(&x, &weight, d_in);
+            let got = linear(&x, &weight, d_in);
             for r in 0..rows {
                 let xr = widen(&round(&x[r * d_in..][..d_in]));
                 for j in 0..d_out {
@@ -496,7 +524,7 @@ mod tests {
                 }
             }
             for threads in [1, 2, 3] {
-                let again = in_pool(threads, || linear_rows(&x, &weight, d_in));
+                let again = in_pool(threads, || linear(&x, &weight, d_in));
                 assert!(
                     again
                         .iter()
@@ -504,9 +532,7 @@ mod tests {
                         .all(|(a, b)| a.to_bits() == b.to_bits())
                 );
                 for r in [0, rows - 1] {
-                    let alone = in_pool(threads, || {
-                        linear_rows(&x[r * d_in..][..d_in], &weight, d_in)
-                    });
+                    let alone = in_pool(threads, || linear(&x[r * d_in..][..d_in], &weight, d_in));
                     let same = alone
                         .iter()
                         .zip(&got[r * d_out..])

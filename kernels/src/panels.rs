@@ -387,13 +387,16 @@ mod tests {
 
     /// Every output against its definition, one fused multiply-add after another in input
     /// order, bit for bit: shapes with partial panels, tiles and input blocks; bf16 and f32
-    /// weights; at 1, 2 and 3 threads.
+    /// weights; at 1, 2 and 3 threads. The kernel is AVX-512's (below that tier `linear`
+    /// takes gemm, tested in `linear` and tests/quant.rs at each tier `just test-tiers` runs).
     #[test]
     fn each_output_is_its_chain_of_fmas() {
-        if !available() {
-            eprintln!("skipped: no AVX-512 on this CPU");
+        use crate::cpu::Tier;
+        use crate::cpu::testing::{Needs, runs};
+        if !runs(Needs::Tier(Tier::Avx512)) {
             return;
         }
+        assert!(available());
         let mut state = 11u32;
         let mut next = move || {
             state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);

@@ -29,6 +29,8 @@
 use std::path::PathBuf;
 
 use half::f16;
+use kernels::cpu::Tier;
+use kernels::cpu::testing::{self, Needs};
 use kernels::int8::Matmul;
 use kernels::linear::linear_rows;
 use kernels::matvec::{Rows, matvecs};
@@ -382,21 +384,41 @@ fn matvecs_equal_over_decoded_values(ty: BlockType, seed: u64) {
     }
 }
 
-/// With `Matmul::Int8` (where this CPU has the kernels), each vector of a batch gets, bit
-/// for bit, what it gets alone, at 1, 2 and 3 threads, in a team and not; and the products
-/// stay near the exact ones (the inputs rounded to 8 bits: about 1% of a product's size).
+/// With `Matmul::Int8` (its kernels need the AVX2 tier: the AVX2 build up to the avx512
+/// tier, VNNI's from avx512vnni, each run by `just test-tiers`), each vector of a batch
+/// gets, bit for bit, what it gets alone, at 1, 2 and 3 threads, in a team and not; and the
+/// products stay near the exact ones (the inputs rounded to 8 bits: about 1% of a
+/// product's size). Where no kernel runs (a width they do not take, a tier below AVX2),
+/// `Matmul::Int8` gives the exact products, bit for bit.
 fn int8_batches_equal_each_alone(ty: BlockType, seed: u64) {
     let mut next = random(seed);
+    let tier_runs = testing::runs(Needs::Tier(Tier::Avx2));
     for &d_in in widths(ty) {
-        if !kernels::int8::runs(ty, d_in) {
-            eprintln!("skipped {ty} x {d_in}: no int8 kernel here");
-            continue;
-        }
         let weights: Vec<(Vec<u8>, Vec<f32>)> = (D_OUTS.iter())
             .map(|&d_out| random_weight(ty, d_out, d_in, &mut next))
             .collect();
         let blocks: Vec<Rows> = (weights.iter()).map(|(b, _)| Rows::Blocks(ty, b)).collect();
         let xs: Vec<f32> = (0..16 * d_in).map(|_| next()).collect();
+        if !(tier_runs && kernels::int8::runs(ty, d_in)) {
+            for threads in [1, 2] {
+                let (int8, exact) = pool(threads).install(|| {
+                    (
+                        matvecs(&blocks, &xs, d_in, Matmul::Int8),
+                        matvecs(&blocks, &xs, d_in, Matmul::Exact),
+                    )
+                });
+                for (w, (int8, exact)) in int8.iter().zip(&exact).enumerate() {
+                    if let Some((i, a, b)) = first_difference(int8, exact) {
+                        panic!(
+                            "{ty}, {d_in} x {}, {threads} threads, no int8 kernel: output {i}: \
+                             int8 {a:e}, exact {b:e}",
+                            D_OUTS[w]
+                        );
+                    }
+                }
+            }
+            continue;
+        }
         for threads in [1, 2, 3] {
             let pool = pool(threads);
             for in_team in [false, true] {

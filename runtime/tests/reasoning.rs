@@ -95,8 +95,10 @@ fn joined(parts: Vec<Part>) -> (Option<String>, Option<String>) {
     (some(reasoning), some(reply))
 }
 
-/// Each list of cases with the splitter it is read by.
-fn all_cases() -> [(&'static [Case], fn() -> Splitter); 2] {
+/// A list of cases and the splitter it is read by.
+type Cases = (&'static [Case], fn() -> Splitter);
+
+fn all_cases() -> [Cases; 2] {
     [(CASES, Splitter::default), (OPENED, Splitter::opened)]
 }
 

@@ -1,4 +1,9 @@
+//! Each test says what it needs of the CPU (`cpu::testing`): the decoding kernels the AVX2
+//! tier, and tests that call a build directly loop over every build the running tier has
+//! (`Kernels::runnable`), so one run on an AVX-512 VNNI host covers the AVX2 build too.
+
 use super::*;
+use crate::cpu::testing::{Needs, runs as tier_runs};
 use crate::testing::uniform;
 
 /// `rows` random rows of `d_in` quantized to `ty` (scales of every size, some values large).
@@ -57,11 +62,11 @@ const TYPES: [BlockType; 4] = [
 ];
 
 /// Every row times every vector, through `four` and `one`, equals the definition up to the
-/// order of f32 additions, for batches that use both of `four`'s tiles.
+/// order of f32 additions, for batches that use both of `four`'s tiles: each build the
+/// tier runs (AVX2 from the avx2 tier, VNNI from avx512vnni).
 #[test]
 fn products_match_the_definition() {
-    if !available() {
-        eprintln!("no AVX2 here: the int8 kernels do not run");
+    if !tier_runs(Needs::Tier(Tier::Avx2)) {
         return;
     }
     for kernels in Kernels::runnable() {
@@ -108,13 +113,13 @@ fn products_match_the_definition_on(kernels: Kernels) {
 }
 
 /// The two builds multiply the same integers: their products differ only by the order of
-/// f32 additions.
+/// f32 additions (both builds: the avx512vnni tier).
 #[test]
 fn the_builds_agree() {
-    if Kernels::runnable().len() < 2 {
-        eprintln!("skipped: this CPU runs one build of the int8 kernels");
+    if !tier_runs(Needs::Tier(Tier::Avx512Vnni)) {
         return;
     }
+    assert_eq!(Kernels::runnable(), [Kernels::Avx2, Kernels::Vnni]);
     let mut next = uniform(0x51_7cc1_b727_220a);
     for ty in TYPES {
         for d_in in [576, 1536, 2048] {
@@ -146,9 +151,13 @@ fn the_builds_agree() {
     }
 }
 
-/// A vector's products are the same bits alone and in a batch of any size.
+/// A vector's products are the same bits alone and in a batch of any size, with each build
+/// the tier runs.
 #[test]
 fn batched_vectors_equal_each_alone() {
+    if !tier_runs(Needs::Tier(Tier::Avx2)) {
+        return;
+    }
     for kernels in Kernels::runnable() {
         batched_vectors_equal_each_alone_on(kernels);
     }
@@ -239,13 +248,13 @@ fn speed() {
 /// as `round_block` rounds it, per 32 or per 256, times the decoded weights, summed in
 /// f64) up to the order of f32 additions; and each row's result is the one it gets alone,
 /// to the bit, at 1, 2 and 3 threads: shapes with partial tiles, panels, groups of panels
-/// and (for the types of 32) steps.
+/// and (for the types of 32) steps. The prompt kernel is VNNI's (the avx512vnni tier).
 #[test]
 fn prompt_rows() {
-    if !rows::runs(BlockType::Q8_0, 256) {
-        eprintln!("skipped: no AVX-512 VNNI on this CPU (or RUNTIME_CPU)");
+    if !tier_runs(Needs::Tier(Tier::Avx512Vnni)) {
         return;
     }
+    assert!(rows::runs(BlockType::Q8_0, 256));
     for ty in TYPES {
         let per = match Format::of(ty).expect("an int8 type") {
             Format::Blocks32 => 32,
@@ -332,10 +341,15 @@ fn prompt_speed() {
     }
 }
 
-/// The vectorized rounding gives the scalar one's scale and integers, bit for bit, on
-/// values of every size, halves that tie (2.5 * d and the like), zeros, a NaN and an infinity.
+/// The vectorized rounding (the avx512 tier's, called directly) gives the scalar one's scale
+/// and integers, bit for bit, on values of every size, halves that tie (2.5 * d and the
+/// like), zeros, a NaN and an infinity.
+#[cfg(target_arch = "x86_64")]
 #[test]
 fn rounding_alike() {
+    if !tier_runs(Needs::Tier(Tier::Avx512)) {
+        return;
+    }
     let mut next = uniform(17);
     for case in 0..200 {
         let mut x: Vec<f32> = (0..256).map(|_| next() * (case as f32 + 0.01)).collect();
@@ -356,7 +370,16 @@ fn rounding_alike() {
             x[9] = f32::INFINITY;
         }
         let (mut a, mut b) = (vec![0i8; 256], vec![0i8; 256]);
-        let (da, db) = (round_block(&x, &mut a), round_scalar(&x, &mut b));
+        // SAFETY: the tier has AVX-512 F and BW (checked above); 256 values, as many bytes.
+        let da = unsafe { avx512::round_block(&x, &mut a) };
+        let db = round_scalar(&x, &mut b);
         assert_eq!((da.to_bits(), &a), (db.to_bits(), &b), "case {case}");
+        // And `round_block`, which picks one of them.
+        assert_eq!(
+            round_block(&x, &mut a).to_bits(),
+            db.to_bits(),
+            "case {case}"
+        );
+        assert_eq!(a, b, "case {case}");
     }
 }

@@ -447,6 +447,20 @@ pub(crate) struct Template {
     pub kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
+impl Template {
+    /// The chat the template renders: `messages` with these tools and variables.
+    pub fn chat(
+        &self,
+        tokenizer: &Tokenizer,
+        messages: Vec<runtime::text::chat::Message>,
+    ) -> Result<ChatRequest, TokenizerError> {
+        let mut chat = tokenizer.chat_messages(messages)?;
+        chat.tools = self.tools.clone();
+        chat.kwargs.extend(self.kwargs.clone());
+        Ok(chat)
+    }
+}
+
 /// A prompt's token ids: a conversation through the chat template, text through the
 /// tokenizer, token ids checked against the vocabulary.
 pub(crate) fn tokenize(
@@ -460,9 +474,7 @@ pub(crate) fn tokenize(
     let mut opens_thinking = false;
     let ids = match prompt {
         Prompt::Chat(messages) => {
-            let mut chat = tokenizer.chat_messages(messages).map_err(invalid)?;
-            chat.tools = template.tools.clone();
-            chat.kwargs.extend(template.kwargs.clone());
+            let chat = template.chat(tokenizer, messages).map_err(invalid)?;
             let (ids, text) =
                 (tokenizer.encode_request_rendered(&chat, &ChatRequest::render, specials))
                     .map_err(invalid)?;

@@ -16,7 +16,6 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::post;
 use axum::{Json, Router};
-use runtime::text::chat::ChatRequest;
 use runtime::text::tokenizer::{Tokenizer, TokenizerError};
 use serde_json::{Map, Value, json};
 
@@ -166,9 +165,7 @@ fn apply_template(state: &State, body: &[u8]) -> Result<Value, ApiError> {
         unreachable!("a chat request's prompt is its messages")
     };
     let invalid = |e: TokenizerError| ApiError::invalid_field("messages", e.to_string());
-    let mut chat: ChatRequest = tokenizer.chat_messages(messages).map_err(invalid)?;
-    chat.tools = template.tools;
-    chat.kwargs.extend(template.kwargs);
+    let chat = template.chat(tokenizer, messages).map_err(invalid)?;
     let text = chat
         .render()
         .map_err(|e| ApiError::invalid_field("messages", e.to_string()))?;

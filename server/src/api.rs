@@ -49,6 +49,9 @@ pub struct Request {
     pub tools: Option<Tools>,
     /// Further variables for the chat template (`chat_template_kwargs`).
     pub template_kwargs: Map<String, Value>,
+    /// `max_tokens` is a bound that the room left in the context lowers (Anthropic's
+    /// reading), rather than a length refused when it does not fit (OpenAI's).
+    pub fit_context: bool,
 }
 
 /// Most tools one request may offer (OpenAI's limit).
@@ -213,7 +216,7 @@ pub fn chat(body: &[u8]) -> Result<Request, ApiError> {
 
 /// `tools`, `tool_choice` and `parallel_tool_calls`: `None` when no tool is offered (an
 /// empty list offers none), where `tool_choice` may only be `none` or `auto`.
-fn tools(fields: &mut Map<String, Value>) -> Result<Option<Tools>, ApiError> {
+pub(crate) fn tools(fields: &mut Map<String, Value>) -> Result<Option<Tools>, ApiError> {
     let offered: Vec<Value> = take(fields, "tools")?.unwrap_or_default();
     let choice = take::<Value>(fields, "tool_choice")?;
     let parallel = take(fields, "parallel_tool_calls")?.unwrap_or(true);
@@ -542,6 +545,7 @@ fn common(
         grammar: None,
         tools: None,
         template_kwargs: Map::new(),
+        fit_context: false,
     })
 }
 

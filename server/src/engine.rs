@@ -239,6 +239,8 @@ pub enum Event {
         /// Prompt tokens found in a kept cache and not run again.
         cached_tokens: usize,
         completion_tokens: usize,
+        /// The stop string that ended the text (`reason` is then `Stop`).
+        stop_string: Option<String>,
     },
     Failed(String),
     /// The request cannot be served as asked, found only while generating: its grammar
@@ -588,6 +590,7 @@ impl<B: KernelBackend> Engine<B> {
                 prompt_tokens,
                 cached_tokens,
                 completion_tokens: generation.tokens.len(),
+                stop_string: generation.stop_string,
             },
         });
     }

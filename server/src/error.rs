@@ -1,5 +1,8 @@
 //! Errors as OpenAI's API returns them: a status and `{"error": {"message", "type", "param",
-//! "code"}}`, which its client libraries turn into their typed exceptions.
+//! "code"}}`, which its client libraries turn into their typed exceptions; or, on Anthropic's
+//! routes, as Anthropic's does: `{"type": "error", "error": {"type", "message"}}`. The path
+//! decides ([`Protocol::of`]), so that errors raised before routing (the guard's 401, 403,
+//! 413, 415) come in the envelope the route's clients read.
 
 use axum::Json;
 use axum::http::{StatusCode, header};
@@ -113,6 +116,55 @@ impl ApiError {
     }
 }
 
+/// Whose API a route speaks, for the envelope of its errors.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Protocol {
+    OpenAi,
+    Anthropic,
+}
+
+impl Protocol {
+    /// Anthropic's for `/v1/messages` and the paths under it; OpenAI's for every other.
+    pub fn of(path: &str) -> Self {
+        match path.strip_prefix("/v1/messages") {
+            Some("") => Protocol::Anthropic,
+            Some(rest) if rest.starts_with('/') => Protocol::Anthropic,
+            _ => Protocol::OpenAi,
+        }
+    }
+}
+
+impl ApiError {
+    /// The error as a response in `protocol`'s envelope.
+    pub fn respond(self, protocol: Protocol) -> Response {
+        match protocol {
+            Protocol::OpenAi => self.into_response(),
+            Protocol::Anthropic => {
+                let response = (self.status, Json(self.anthropic_body())).into_response();
+                with_retry_after(response)
+            }
+        }
+    }
+
+    /// Anthropic's body: `{"type": "error", "error": {"type", "message"}}`, the type its
+    /// clients map to their exceptions, from the status.
+    pub fn anthropic_body(&self) -> serde_json::Value {
+        let kind = match self.status {
+            StatusCode::UNAUTHORIZED => "authentication_error",
+            StatusCode::FORBIDDEN => "permission_error",
+            StatusCode::NOT_FOUND => "not_found_error",
+            StatusCode::PAYLOAD_TOO_LARGE => "request_too_large",
+            StatusCode::TOO_MANY_REQUESTS => "rate_limit_error",
+            StatusCode::REQUEST_TIMEOUT | StatusCode::GATEWAY_TIMEOUT => "timeout_error",
+            // Loading or shutting down: what Anthropic says when it cannot take the request.
+            StatusCode::SERVICE_UNAVAILABLE => "overloaded_error",
+            status if status.is_server_error() => "api_error",
+            _ => "invalid_request_error",
+        };
+        json!({"type": "error", "error": {"type": kind, "message": self.message}})
+    }
+}
+
 /// `Retry-After` of a 429: a second, about what a slot takes to free while requests are
 /// short, and soon enough for a client polling a busy server; OpenAI's Python client waits
 /// what it says before its next attempt.
@@ -120,10 +172,43 @@ pub const RETRY_AFTER_SECONDS: u64 = 1;
 
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let mut response = (self.status, Json(self.body())).into_response();
-        if self.status == StatusCode::TOO_MANY_REQUESTS {
-            (response.headers_mut()).insert(header::RETRY_AFTER, RETRY_AFTER_SECONDS.into());
+        with_retry_after((self.status, Json(self.body())).into_response())
+    }
+}
+
+/// A 429 says when to retry.
+fn with_retry_after(mut response: Response) -> Response {
+    if response.status() == StatusCode::TOO_MANY_REQUESTS {
+        (response.headers_mut()).insert(header::RETRY_AFTER, RETRY_AFTER_SECONDS.into());
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn anthropics_routes_are_told_by_their_path() {
+        for path in [
+            "/v1/messages",
+            "/v1/messages/count_tokens",
+            "/v1/messages/x",
+        ] {
+            assert_eq!(Protocol::of(path), Protocol::Anthropic, "{path}");
         }
-        response
+        for path in [
+            "/v1/chat/completions",
+            "/v1/messagesx",
+            "/v1/models",
+            "/messages",
+        ] {
+            assert_eq!(Protocol::of(path), Protocol::OpenAi, "{path}");
+        }
+        let body = ApiError::with_status(StatusCode::UNAUTHORIZED, "no").anthropic_body();
+        assert_eq!(
+            body,
+            json!({"type": "error", "error": {"type": "authentication_error", "message": "no"}})
+        );
     }
 }

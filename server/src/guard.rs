@@ -12,10 +12,13 @@
 //! - The body is refused at once (413) if `Content-Length` is over the limit, before any of
 //!   it is read and before `Expect: 100-continue` is answered; otherwise it must arrive in
 //!   full within the read timeout (408) and within the limit (413, for chunked bodies).
-//! - With `--api-key`, requests to the API must carry the key (401), checked from the head:
-//!   a client without it is answered at once, not after its body (which is then read and
+//! - With `--api-key`, requests to the API must carry the key (401), as OpenAI's clients send
+//!   it (`Authorization: Bearer`) or Anthropic's (`x-api-key`), checked from the head: a
+//!   client without it is answered at once, not after its body (which is then read and
 //!   dropped before the connection closes).
 //! - POST bodies on the API routes must be JSON (415), as vLLM requires.
+//!
+//! A refusal comes in the envelope of the protocol the path speaks ([`Protocol::of`]).
 //!
 //! The connection is marked as handling a request from when its body is complete until its
 //! response has been sent, so that it is never evicted with work under way.
@@ -37,7 +40,7 @@ use subtle::ConstantTimeEq;
 use tower_service::Service;
 
 use crate::connections::{Connection, Handling};
-use crate::error::ApiError;
+use crate::error::{ApiError, Protocol};
 
 /// The checks' settings, from the options and the bound address.
 pub(crate) struct Policy {
@@ -51,7 +54,7 @@ pub(crate) struct Policy {
     pub trusted_proxies: Vec<IpAddr>,
     pub body_limit: usize,
     pub read_timeout: Duration,
-    /// The key the API routes require (`Authorization: Bearer <key>`), if any.
+    /// The key the API routes require (`Authorization: Bearer <key>` or `x-api-key`), if any.
     pub api_key: Option<String>,
 }
 
@@ -64,12 +67,13 @@ pub(crate) async fn handle(
     mut router: axum::Router,
 ) -> Response {
     connection.reading();
+    let protocol = Protocol::of(request.uri().path());
     let scheme = scheme(request.headers(), peer, policy);
     let cors = match check_host(request.headers(), policy)
         .and_then(|()| check_origin(request.headers(), scheme, policy))
     {
         Ok(cors) => cors,
-        Err(refused) => return closing(refused.into_response()),
+        Err(refused) => return closing(refused.respond(protocol)),
     };
     if let Some(origin) = &cors
         && is_preflight(&request)
@@ -79,7 +83,7 @@ pub(crate) async fn handle(
     // From the head alone: a client without the key is not waited on for its body.
     if let Err(refused) = check_key(&request, policy) {
         discard_body(request, policy);
-        return with_cors(closing(refused.into_response()), cors);
+        return with_cors(closing(refused.respond(protocol)), cors);
     }
     let response = match read_body(request, policy).await {
         Ok(request) => {
@@ -90,7 +94,7 @@ pub(crate) async fn handle(
             };
             response.map(|body| Body::new(Tracked { body, handling }))
         }
-        Err(refused) => closing(refused.into_response()),
+        Err(refused) => closing(refused.respond(protocol)),
     };
     with_cors(response, cors)
 }
@@ -106,8 +110,9 @@ fn forbidden(message: String) -> ApiError {
 }
 
 /// With an API key set, a request to the API (any path under `/v1/`, as vLLM guards them,
-/// and the tokenizer's routes) must carry it: 401 otherwise. Health, metrics and the chat
-/// page need none.
+/// and the tokenizer's routes) must carry it, as `Authorization: Bearer <key>` (OpenAI's
+/// clients) or `x-api-key: <key>` (Anthropic's; either header on any route): 401 otherwise.
+/// Health, metrics and the chat page need none.
 fn check_key(request: &hyper::Request<Incoming>, policy: &Policy) -> Result<(), ApiError> {
     let Some(key) = &policy.api_key else {
         return Ok(());
@@ -118,10 +123,13 @@ fn check_key(request: &hyper::Request<Incoming>, policy: &Policy) -> Result<(), 
     if !api {
         return Ok(());
     }
-    let given = (request.headers().get(header::AUTHORIZATION))
+    let headers = request.headers();
+    let bearer = (headers.get(header::AUTHORIZATION))
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    if same_key(given, key) {
+    let anthropic = headers.get("x-api-key").and_then(|v| v.to_str().ok());
+    // Both compared, so that the time taken does not tell which header held the key.
+    if same_key(bearer, key) | same_key(anthropic, key) {
         return Ok(());
     }
     Err(ApiError::with_status(
@@ -363,13 +371,14 @@ pub(crate) async fn json_only(request: Request, next: Next) -> Response {
         && !media_type.is_some_and(|t| t.eq_ignore_ascii_case("application/json"))
     {
         let got = media_type.map_or("none".to_string(), |t| format!("{t:?}"));
+        let protocol = Protocol::of(request.uri().path());
         return ApiError::with_status(
             StatusCode::UNSUPPORTED_MEDIA_TYPE,
             format!(
                 "the request body must be JSON with Content-Type: application/json (got {got})"
             ),
         )
-        .into_response();
+        .respond(protocol);
     }
     next.run(request).await
 }

@@ -1,9 +1,11 @@
-//! `runtime serve`: an OpenAI-compatible HTTP server over the runtime library.
+//! `runtime serve`: an OpenAI-compatible HTTP server over the runtime library, which also
+//! speaks Anthropic's Messages API.
 //!
 //! The HTTP side (hyper and axum on tokio) accepts connections under deadlines and a cap
 //! ([`transport`], [`connections`]), checks what a request must pass before it is routed
 //! ([`guard`]), parses and checks requests ([`api`]), tokenizes prompts and turns engine
-//! events into responses or server-sent events ([`routes`]); one engine thread owns the
+//! events into responses or server-sent events ([`routes`], [`reply`]; Anthropic's
+//! `/v1/messages` over the same path, [`messages`]); one engine thread owns the
 //! model and runs the requests ([`engine`]). The port is bound before the model loads, so
 //! `/health` answers 503 until it is ready. SIGTERM or Ctrl-C stops accepting connections,
 //! lets the requests under way finish within the shutdown timeout, and returns.
@@ -13,6 +15,7 @@ mod connections;
 pub mod engine;
 pub mod error;
 mod guard;
+mod messages;
 mod reply;
 mod routes;
 mod tokens;
@@ -43,7 +46,7 @@ pub struct Options {
     /// connection cap is lowered to half of it, so that the queue cannot take every
     /// connection.
     pub max_queue: usize,
-    /// Requests to `/v1/...` must carry `Authorization: Bearer <key>`.
+    /// Requests to `/v1/...` must carry `Authorization: Bearer <key>` or `x-api-key: <key>`.
     pub api_key: Option<String>,
     /// The name `/v1/models` lists and responses carry.
     pub model: String,
@@ -190,7 +193,7 @@ where
         next_id: Arc::new(AtomicU64::new(1)),
     };
     let shutdown_timeout = state.options.shutdown_timeout;
-    let app = routes::router(state, tokens::routes());
+    let app = routes::router(state, tokens::routes().merge(messages::routes()));
     let stopped = runtime.block_on(transport::serve(
         listener,
         app,

@@ -22,7 +22,7 @@ use crate::engine::{Event, Logprob};
 use crate::error::ApiError;
 
 /// What a stream says, in a comment, while its request waits for a slot.
-const WAITING: &str = "waiting for a free slot";
+pub(crate) const WAITING: &str = "waiting for a free slot";
 
 /// Which endpoint a reply is for.
 #[derive(Clone, Copy, PartialEq)]
@@ -85,8 +85,8 @@ struct Streamed {
 }
 
 /// A chat answer read as it streams: its reasoning split off, then its reply read for tool
-/// calls.
-struct Reading {
+/// calls. Anthropic's Messages API reads its answers with it too ([`crate::messages`]).
+pub(crate) struct Reading {
     splitter: Option<Splitter>,
     parser: Option<Parser>,
     /// Calls read so far, and how many are kept (`parallel_tool_calls: false`: one).
@@ -95,13 +95,34 @@ struct Reading {
 }
 
 /// What a chat answer says, piece by piece.
-enum Said {
+pub(crate) enum Said {
     Reasoning(String),
     Delta(Delta),
 }
 
 impl Reading {
-    fn push(&mut self, text: &str) -> Vec<Said> {
+    /// How a chat answer is read: for its reasoning unless `thinking` keeps it in the text,
+    /// for calls if the request offered `tools`; `None` if there is nothing to read for.
+    pub(crate) fn new(thinking: Thinking, tools: Option<&ToolReading>) -> Option<Reading> {
+        let splitter = match thinking {
+            Thinking::Kept => None,
+            Thinking::Split => Some(Splitter::default()),
+            Thinking::Opened => Some(Splitter::opened()),
+        };
+        let parser = tools.map(|tools| Parser::new(tools.format, tools.names.clone()));
+        let most_calls = match tools {
+            Some(tools) if !tools.parallel => 1,
+            _ => usize::MAX,
+        };
+        (splitter.is_some() || parser.is_some()).then_some(Reading {
+            splitter,
+            parser,
+            calls: 0,
+            most_calls,
+        })
+    }
+
+    pub(crate) fn push(&mut self, text: &str) -> Vec<Said> {
         let parts = match &mut self.splitter {
             Some(splitter) => splitter.push(text),
             None => vec![Part::Reply(text.to_string())],
@@ -109,7 +130,7 @@ impl Reading {
         self.reply(parts)
     }
 
-    fn finish(mut self) -> Vec<Said> {
+    pub(crate) fn finish(mut self) -> Vec<Said> {
         let parts = (self.splitter.take()).map_or(Vec::new(), Splitter::finish);
         let mut said = self.reply(parts);
         if let Some(parser) = self.parser.take() {
@@ -181,24 +202,10 @@ impl Reply {
 
     /// How a choice's text is read, if it is read for more than its text.
     fn reading(&self) -> Option<Reading> {
-        let splitter = match self.thinking {
-            _ if self.kind != Kind::Chat => None,
-            Thinking::Kept => None,
-            Thinking::Split => Some(Splitter::default()),
-            Thinking::Opened => Some(Splitter::opened()),
-        };
-        let parser =
-            (self.tools.as_ref()).map(|tools| Parser::new(tools.format, tools.names.clone()));
-        let most_calls = match &self.tools {
-            Some(tools) if !tools.parallel => 1,
-            _ => usize::MAX,
-        };
-        (splitter.is_some() || parser.is_some()).then_some(Reading {
-            splitter,
-            parser,
-            calls: 0,
-            most_calls,
-        })
+        match self.kind {
+            Kind::Chat => Reading::new(self.thinking, self.tools.as_ref()),
+            Kind::Completion => None,
+        }
     }
 
     fn object(&self, chunk: bool) -> &'static str {
@@ -317,6 +324,7 @@ impl Reply {
                         prompt_tokens,
                         cached_tokens,
                         completion_tokens,
+                        ..
                     }) => {
                         usage.add(prompt_tokens, cached_tokens, completion_tokens);
                         break reason;
@@ -438,6 +446,7 @@ impl Reply {
                         prompt_tokens,
                         cached_tokens,
                         completion_tokens,
+                        ..
                     } => {
                         usage.add(prompt_tokens, cached_tokens, completion_tokens);
                         running -= 1;
@@ -736,6 +745,7 @@ mod reading_tests {
             prompt_tokens: 3,
             cached_tokens: 0,
             completion_tokens: 9,
+            stop_string: None,
         };
         sender.send(done).unwrap();
         vec![receiver]

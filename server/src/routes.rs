@@ -1,6 +1,8 @@
 //! The HTTP routes: OpenAI's chat and completions endpoints (a request checked, tokenized
-//! and queued for the engine; the answer built by [`crate::reply`]), the model list, health
-//! and metrics; errors in OpenAI's envelope for every failure, routing ones included.
+//! and queued for the engine by [`start`], which Anthropic's Messages API
+//! ([`crate::messages`]) shares; the answer built by [`crate::reply`]), the model list,
+//! health and metrics; errors in OpenAI's envelope for every failure, routing ones included,
+//! except on Anthropic's paths ([`Protocol::of`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
@@ -9,7 +11,7 @@ use axum::Json;
 use axum::body::Bytes;
 use axum::extract::rejection::BytesRejection;
 use axum::extract::{DefaultBodyLimit, MatchedPath};
-use axum::http::{HeaderMap, StatusCode, header};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
 use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
@@ -24,7 +26,7 @@ use tokio::sync::mpsc as async_mpsc;
 
 use crate::api::{self, Prompt, Request, ToolChoice};
 use crate::engine::{Event, Fork, Job, Metrics};
-use crate::error::ApiError;
+use crate::error::{ApiError, Protocol};
 use crate::reply::{Kind, Reply, Thinking, ToolReading};
 use crate::{Loaded, Options};
 
@@ -38,7 +40,7 @@ pub(crate) struct State {
 }
 
 /// The server's routes: the chat and completion API here, `more_api` beside it under the
-/// same API checks (the tokenizer's routes), the chat page, health and metrics.
+/// same API checks (the tokenizer's routes, Anthropic's Messages API), the chat page, health and metrics.
 pub(crate) fn router(state: State, more_api: axum::Router<State>) -> axum::Router {
     let api = axum::Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -58,9 +60,14 @@ pub(crate) fn router(state: State, more_api: axum::Router<State>) -> axum::Route
             state.clone(),
             count_response,
         ))
-        .fallback(|| async { ApiError::with_status(StatusCode::NOT_FOUND, "no such route") })
-        .method_not_allowed_fallback(|| async {
-            ApiError::with_status(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here")
+        .fallback(|uri: Uri| async move {
+            let error = ApiError::with_status(StatusCode::NOT_FOUND, "no such route");
+            error.respond(Protocol::of(uri.path()))
+        })
+        .method_not_allowed_fallback(|uri: Uri| async move {
+            let error =
+                ApiError::with_status(StatusCode::METHOD_NOT_ALLOWED, "method not allowed here");
+            error.respond(Protocol::of(uri.path()))
         })
         .layer(DefaultBodyLimit::max(state.options.body_limit))
         .with_state(state)
@@ -155,23 +162,24 @@ async fn respond(
     body: Result<Bytes, BytesRejection>,
     kind: Kind,
 ) -> Response {
-    match start(&state, headers, body, kind).await {
+    let started = match parse(&state, body, kind) {
+        Ok(request) => start(&state, headers, request).await,
+        Err(e) => Err(e),
+    };
+    match started {
         Ok(Started {
             request,
             events,
             tools,
             opens_thinking,
+            ..
         }) => {
             let n = state.next_id.fetch_add(1, Ordering::Relaxed);
             let model = state.options.model.clone();
             let mut reply = Reply::new(kind, n, model, request.logprobs.is_some());
             reply.grammar_param = grammar_param(&request);
             reply.tools = tools;
-            reply.thinking = match () {
-                _ if state.options.keep_thinking || !thinks(&state) => Thinking::Kept,
-                _ if opens_thinking => Thinking::Opened,
-                _ => Thinking::Split,
-            };
+            reply.thinking = thinking(&state, opens_thinking);
             if request.stream {
                 reply.stream(events, request.include_usage).into_response()
             } else {
@@ -182,9 +190,33 @@ async fn respond(
     }
 }
 
+/// The body of `kind`'s endpoint, read once the model is loaded.
+fn parse(
+    state: &State,
+    body: Result<Bytes, BytesRejection>,
+    kind: Kind,
+) -> Result<Request, ApiError> {
+    ready(state)?;
+    let body = body.map_err(|e| ApiError::with_status(e.status(), e.body_text()))?;
+    match kind {
+        Kind::Chat => api::chat(&body),
+        Kind::Completion => api::completion(&body),
+    }
+}
+
+/// What becomes of an answer's `<think>` section: split off when the model thinks, unless
+/// `--keep-thinking`; all of it reasoning when the prompt opened it.
+pub(crate) fn thinking(state: &State, opens_thinking: bool) -> Thinking {
+    match () {
+        _ if state.options.keep_thinking || !thinks(state) => Thinking::Kept,
+        _ if opens_thinking => Thinking::Opened,
+        _ => Thinking::Split,
+    }
+}
+
 /// Whether the model thinks before it answers: its chat template knows `<think>` sections
 /// (Qwen3's, SmolLM3's).
-fn thinks(state: &State) -> bool {
+pub(crate) fn thinks(state: &State) -> bool {
     let template = state
         .loaded
         .get()
@@ -199,30 +231,26 @@ pub(crate) fn ready(state: &State) -> Result<&Loaded, ApiError> {
 }
 
 /// A request queued for the engine.
-struct Started {
-    request: Request,
+pub(crate) struct Started {
+    pub request: Request,
     /// Each job's events, in the order of the choices.
-    events: Vec<async_mpsc::UnboundedReceiver<Event>>,
-    tools: Option<ToolReading>,
+    pub events: Vec<async_mpsc::UnboundedReceiver<Event>>,
+    pub tools: Option<ToolReading>,
     /// Whether the rendered chat prompt ends inside a `<think>` section it opened.
-    opens_thinking: bool,
+    pub opens_thinking: bool,
+    /// The prompts' tokens, all together.
+    pub prompt_tokens: usize,
 }
 
-/// Checks and tokenizes the request and queues it for the engine: a job per prompt (a
+/// Checks and tokenizes a parsed request and queues it for the engine: a job per prompt (a
 /// completion may list several, one choice each), each with its own events. Every prompt is
 /// checked before any is queued.
-async fn start(
+pub(crate) async fn start(
     state: &State,
     headers: &HeaderMap,
-    body: Result<Bytes, BytesRejection>,
-    kind: Kind,
+    mut request: Request,
 ) -> Result<Started, ApiError> {
     let loaded = ready(state)?;
-    let body = body.map_err(|e| ApiError::with_status(e.status(), e.body_text()))?;
-    let mut request = match kind {
-        Kind::Chat => api::chat(&body)?,
-        Kind::Completion => api::completion(&body)?,
-    };
     check_model(state, request.model.as_deref())?;
     if request.n > state.options.parallel {
         return Err(ApiError::invalid_field(
@@ -283,6 +311,7 @@ async fn start(
     let mut constraints = constraints.into_iter();
     let scope = scope(headers, request.cache_salt.as_deref());
     let opens_thinking = prompts.iter().any(|prompt| prompt.opens_thinking);
+    let prompt_tokens = prompts.iter().map(|prompt| prompt.ids.len()).sum();
     let mut jobs = Vec::with_capacity(prompts.len());
     for (Tokenized { ids, .. }, prompt) in prompts.into_iter().zip(&request.prompts) {
         let options = generate_options(&request, prompt.param(), ids.len(), loaded.context)?;
@@ -327,6 +356,7 @@ async fn start(
         events: receivers,
         tools: reading,
         opens_thinking,
+        prompt_tokens,
     })
 }
 
@@ -377,7 +407,7 @@ impl Drop for QueuePlaces<'_> {
 
 /// The tool-call format of the model's chat template: 400 naming `tools` for a template
 /// that teaches none this server can read (tools are never dropped silently).
-fn tool_format(tokenizer: &Tokenizer) -> Result<Format, ApiError> {
+pub(crate) fn tool_format(tokenizer: &Tokenizer) -> Result<Format, ApiError> {
     tokenizer.chat_template().and_then(Format::of_template).ok_or_else(|| {
         ApiError::invalid_field(
             "tools",
@@ -521,8 +551,9 @@ fn in_vocabulary(
 
 /// How to continue a prompt of `prompt_tokens` tokens: what is asked for must fit the
 /// context with the prompt, or it is 400 `context_length_exceeded` naming the field to
-/// shorten (OpenAI and vLLM refuse it too, rather than cut the answer short); without
-/// `max_tokens`, the rest of the context.
+/// shorten (OpenAI and vLLM refuse it too, rather than cut the answer short), unless the
+/// request takes its `max_tokens` as a bound the context may lower (`fit_context`,
+/// Anthropic's); without `max_tokens`, the rest of the context.
 fn generate_options(
     request: &Request,
     prompt_param: &'static str,
@@ -541,6 +572,7 @@ fn generate_options(
     let max_new_tokens = match request.max_tokens {
         None => room,
         Some(n) if n <= room => n,
+        Some(_) if request.fit_context => room,
         Some(n) => {
             return Err(ApiError::context_length(
                 request.max_tokens_param,
@@ -560,17 +592,19 @@ fn generate_options(
 }
 
 /// Who may share kept caches with this request (the engine reuses a cache only within a
-/// scope): the credential it presented (its whole `Authorization` header, if any) and its
-/// `cache_salt`, each length-prefixed (or `-` when absent) so that no two different pairs
-/// give the same scope.
+/// scope): the credentials it presented (its whole `Authorization` and `x-api-key` headers,
+/// if any) and its `cache_salt`, each length-prefixed (or `-` when absent) so that no two
+/// different triples give the same scope.
 fn scope(headers: &HeaderMap, salt: Option<&str>) -> String {
     let part = |value: Option<String>| match value {
         None => "-".to_string(),
         Some(value) => format!("{}:{value}", value.len()),
     };
     // Escaped: a header need not be UTF-8, and lossy decoding would merge different ones.
-    let key = (headers.get(header::AUTHORIZATION)).map(|v| v.as_bytes().escape_ascii().to_string());
-    format!("{}{}", part(key), part(salt.map(str::to_string)))
+    let header = |name: &str| (headers.get(name)).map(|v| v.as_bytes().escape_ascii().to_string());
+    let (bearer, key) = (header("authorization"), header("x-api-key"));
+    let salt = salt.map(str::to_string);
+    format!("{}{}{}", part(bearer), part(key), part(salt))
 }
 
 #[cfg(test)]
@@ -605,10 +639,15 @@ mod tests {
 
     #[test]
     fn scopes_tell_every_key_and_salt_apart() {
+        // `Authorization`, or `x-api-key` when it starts with `x:`.
         let headers = |key: Option<&str>| {
             let mut headers = HeaderMap::new();
             if let Some(key) = key {
-                headers.insert(header::AUTHORIZATION, key.parse().unwrap());
+                let (name, value) = match key.strip_prefix("x:") {
+                    Some(value) => ("x-api-key", value),
+                    None => ("authorization", key),
+                };
+                headers.insert(name, value.parse().unwrap());
             }
             headers
         };
@@ -621,6 +660,9 @@ mod tests {
             (Some("Bearer a1:"), Some("b")),
             (Some("Bearer a"), Some("1:b")),
             (None, Some("Bearer a")),
+            (Some("x:Bearer a"), Some("b")),
+            (Some("x:a"), None),
+            (Some("x:"), None),
         ];
         let scopes: Vec<String> = (cases.iter())
             .map(|&(key, salt)| scope(&headers(key), salt))

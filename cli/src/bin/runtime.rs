@@ -286,7 +286,7 @@ struct ServeArgs {
     /// to half of them, so that waiting requests never take every connection.
     #[arg(long, value_name = "N", default_value_t = 512, value_parser = clap::value_parser!(u64).range(1..))]
     max_queue: u64,
-    /// Require `Authorization: Bearer KEY` on the /v1 routes.
+    /// Require `Authorization: Bearer KEY` (or `x-api-key: KEY`) on the /v1 routes.
     #[arg(long)]
     api_key: Option<String>,
     /// Special-token text in a chat message (`<|im_start|>`) becomes the control token

@@ -149,6 +149,38 @@ pub fn has_openai_client() -> bool {
     has_client
 }
 
+/// Runs cli/tests/anthropic_client.py (the official `anthropic` Python client) against
+/// `server` with the API key `sesame` and `mode`'s extra arguments, and fails with its
+/// output if it fails. Skipped when python3 has no `anthropic` package, unless
+/// `REQUIRE_ANTHROPIC` is set (CI), which makes its absence a failure.
+pub fn run_anthropic_client(server: &Server, mode: &[&str]) {
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/anthropic_client.py");
+    let out = Command::new("python3")
+        .args([script, &format!("http://{}", server.address), "sesame"])
+        .args(mode)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Whether python3 has the `anthropic` package; its absence fails under `REQUIRE_ANTHROPIC`.
+pub fn has_anthropic_client() -> bool {
+    let has_client = Command::new("python3")
+        .args(["-c", "import anthropic"])
+        .status()
+        .is_ok_and(|s| s.success());
+    assert!(
+        has_client || std::env::var_os("REQUIRE_ANTHROPIC").is_none(),
+        "python3 has no anthropic package"
+    );
+    has_client
+}
+
 pub fn dechunk(mut body: &[u8]) -> Vec<u8> {
     let mut out = Vec::new();
     loop {

@@ -140,6 +140,8 @@ pub struct Generation {
     pub tokens: Vec<u32>,
     pub prompt_tokens: usize,
     pub stop_reason: StopReason,
+    /// The stop string that ended it (with [`StopReason::Stop`]).
+    pub stop_string: Option<String>,
     pub timings: Timings,
 }
 

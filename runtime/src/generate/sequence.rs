@@ -141,6 +141,7 @@ impl<B: KernelBackend> Sequence<'_, B> {
         let mut ids = self.history;
         ids.truncate(self.cache.len());
         let generation = Generation {
+            stop_string: self.text.matched().map(str::to_string),
             text: self.text.into_text(),
             prompt_tokens: self.prompt_tokens,
             stop_reason: self.stop_reason.unwrap_or(StopReason::Length),

@@ -6,6 +6,8 @@ pub(super) struct StopText {
     pub(super) stops: Vec<String>,
     text: String,
     emitted: usize,
+    /// The stop string that was reached, by its place in `stops`.
+    matched: Option<usize>,
 }
 
 impl StopText {
@@ -14,6 +16,7 @@ impl StopText {
             stops,
             text: String::new(),
             emitted: 0,
+            matched: None,
         }
     }
 
@@ -27,13 +30,13 @@ impl StopText {
             from -= 1;
         }
         self.text.push_str(piece);
-        let found = self
-            .stops
-            .iter()
-            .filter(|s| !s.is_empty())
-            .filter_map(|s| self.text[from..].find(s.as_str()).map(|i| from + i))
+        // The earliest in the text; of several starting there, the first listed.
+        let found = (self.stops.iter().enumerate())
+            .filter(|(_, s)| !s.is_empty())
+            .filter_map(|(k, s)| self.text[from..].find(s.as_str()).map(|i| (from + i, k)))
             .min();
-        if let Some(cut) = found {
+        if let Some((cut, k)) = found {
+            self.matched = Some(k);
             self.text.truncate(cut);
             self.finish(emit);
             return true;
@@ -63,6 +66,11 @@ impl StopText {
         }
     }
 
+    /// The stop string that ended the text, if one did.
+    pub(super) fn matched(&self) -> Option<&str> {
+        self.matched.map(|k| self.stops[k].as_str())
+    }
+
     pub(super) fn into_text(self) -> String {
         self.text
     }
@@ -73,18 +81,37 @@ mod tests {
     use super::*;
 
     fn run(stops: &[&str], pieces: &[&str]) -> (String, Vec<String>, bool) {
+        let (text, emitted, matched) = run_matched(stops, pieces);
+        (text, emitted, matched.is_some())
+    }
+
+    /// The text, what was emitted, and the stop string that ended it.
+    fn run_matched(stops: &[&str], pieces: &[&str]) -> (String, Vec<String>, Option<String>) {
         let stops: Vec<String> = stops.iter().map(|s| s.to_string()).collect();
         let mut text = StopText::new(stops);
         let mut emitted = Vec::new();
-        let mut stopped = false;
         for piece in pieces {
             if text.push(piece, &mut |s: &str| emitted.push(s.to_string())) {
-                stopped = true;
                 break;
             }
         }
         text.finish(&mut |s: &str| emitted.push(s.to_string()));
-        (text.into_text(), emitted, stopped)
+        let matched = text.matched().map(str::to_string);
+        (text.into_text(), emitted, matched)
+    }
+
+    /// The stop string reached is the one starting earliest; of two starting at the same
+    /// place, the one listed first (Anthropic's `stop_sequence` names it).
+    #[test]
+    fn the_stop_string_reached_is_told() {
+        let (text, _, matched) = run_matched(&["xyz", "b", "c"], &["a", "bc"]);
+        assert_eq!((text.as_str(), matched.as_deref()), ("a", Some("b")));
+        let (_, _, matched) = run_matched(&["ab", "abc"], &["x", "abc"]);
+        assert_eq!(matched.as_deref(), Some("ab"));
+        let (_, _, matched) = run_matched(&["abc", "ab"], &["x", "abc"]);
+        assert_eq!(matched.as_deref(), Some("abc"));
+        let (_, _, matched) = run_matched(&["q"], &["x", "abc"]);
+        assert_eq!(matched, None);
     }
 
     #[test]

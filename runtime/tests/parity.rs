@@ -277,9 +277,11 @@ fn ndarray_backend_agrees() {
         .find(|p| p.prompt == "The capital of France is")
         .unwrap();
     let out = generator
-        .generate(&tokenizer, &p.prompt_ids, &greedy(12), |_| {})
+        .generate(&tokenizer, &p.prompt_ids, &greedy(4), |_| {})
         .unwrap();
-    assert_eq!(out.tokens, p.ids[..12]);
+    // Four tokens (the prompt's, then three decoded through the cache): Burn's generic
+    // decode takes about a second a token, and more show nothing new.
+    assert_eq!(out.tokens, p.ids[..4]);
 }
 
 /// Greedy ids do not depend on the thread count: the decode attention splits the keys into
@@ -352,36 +354,43 @@ fn bf16_weights_give_the_f32_results_bit_for_bit() {
 /// to the bit, but stay near them: the perplexity within `KV_PPL_TOLERANCE` and the greedy
 /// continuations the same where transformers' top-2 margin is wide.
 #[test]
-fn narrow_kv_caches_stay_near_transformers() {
+fn an_f16_kv_cache_stays_near_transformers() {
+    narrow_kv_cache_stays_near_transformers(KvDtype::F16);
+}
+
+#[test]
+fn a_bf16_kv_cache_stays_near_transformers() {
+    narrow_kv_cache_stays_near_transformers(KvDtype::Bf16);
+}
+
+fn narrow_kv_cache_stays_near_transformers(dtype: KvDtype) {
     let Some((_, tokenizer)) = model() else {
         return;
     };
     let dir = artifact_dir().unwrap();
     let golden = golden();
     let ids: PplIds = serde_json::from_str(include_str!("data/ppl_ids_transformers.json")).unwrap();
-    for dtype in [KvDtype::F16, KvDtype::Bf16] {
-        let mut generator = Generator::<FlexBackend>::load(&dir, &Default::default()).unwrap();
-        generator.kv_dtype = dtype;
-        let ppl = generator.perplexity(&ids.ids).unwrap().ppl;
-        let relative = (ppl / golden.perplexity.ppl - 1.0).abs();
-        eprintln!("--kv-cache {dtype}: perplexity {ppl}, relative {relative:.2e}");
-        assert!(relative < KV_PPL_TOLERANCE, "{dtype}: {relative:.2e}");
-        let eos = generator.eos_ids();
-        for p in golden
-            .prompts
+    let mut generator = Generator::<FlexBackend>::load(&dir, &Default::default()).unwrap();
+    generator.kv_dtype = dtype;
+    let ppl = generator.perplexity(&ids.ids).unwrap().ppl;
+    let relative = (ppl / golden.perplexity.ppl - 1.0).abs();
+    eprintln!("--kv-cache {dtype}: perplexity {ppl}, relative {relative:.2e}");
+    assert!(relative < KV_PPL_TOLERANCE, "{dtype}: {relative:.2e}");
+    let eos = generator.eos_ids();
+    for p in golden
+        .prompts
+        .iter()
+        .filter(|p| p.min_margin >= KV_MIN_MARGIN)
+    {
+        let out = generator
+            .generate(tokenizer, &p.prompt_ids, &greedy(40), |_| {})
+            .unwrap();
+        let expected: Vec<u32> = p
+            .ids
             .iter()
-            .filter(|p| p.min_margin >= KV_MIN_MARGIN)
-        {
-            let out = generator
-                .generate(tokenizer, &p.prompt_ids, &greedy(40), |_| {})
-                .unwrap();
-            let expected: Vec<u32> = p
-                .ids
-                .iter()
-                .copied()
-                .filter(|id| !eos.contains(id))
-                .collect();
-            assert_eq!(out.tokens, expected, "{dtype}: {:?}", p.prompt);
-        }
+            .copied()
+            .filter(|id| !eos.contains(id))
+            .collect();
+        assert_eq!(out.tokens, expected, "{dtype}: {:?}", p.prompt);
     }
 }

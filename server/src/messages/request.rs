@@ -8,11 +8,12 @@
 
 use runtime::generate::sampling::SamplingParams;
 use runtime::text::chat::{Arguments, FunctionCall, Message, ToolCall};
+use runtime::text::grammar::Grammar;
 use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use crate::api::{self, Prompt, Request, Tools, take};
+use crate::api::{self, Prompt, Request, ToolChoice, Tools, take};
 use crate::error::ApiError;
 
 /// Fields accepted with no effect: who the caller is (`metadata`), a mark asking for the
@@ -46,6 +47,14 @@ pub(crate) fn parse(body: &[u8], purpose: Purpose, thinks: bool) -> Result<Reque
     messages.extend(conversation(turns, thinks)?);
     let tools = tools(&mut fields)?;
     let template_kwargs = thinking(&mut fields)?;
+    let grammar = output_config(&mut fields)?;
+    if grammar.is_some() && tools.as_ref().is_some_and(|t| t.choice != ToolChoice::None) {
+        return Err(ApiError::invalid_field(
+            "output_config",
+            "output_config.format cannot be combined with tools unless tool_choice is none",
+        ));
+    }
+    context_management(&mut fields)?;
     let mut request = Request {
         prompts: vec![Prompt::Chat(messages)],
         max_tokens: None,
@@ -58,7 +67,7 @@ pub(crate) fn parse(body: &[u8], purpose: Purpose, thinks: bool) -> Result<Reque
         logprobs: None,
         cache_salt: None,
         n: 1,
-        grammar: None,
+        grammar,
         tools,
         template_kwargs,
         // Anthropic's newer models stop at the context's end (`model_context_window_exceeded`)
@@ -123,6 +132,85 @@ fn generation(fields: &mut Map<String, Value>, request: &mut Request) -> Result<
     request.stop = stop;
     request.stream = take(fields, "stream")?.unwrap_or(false);
     Ok(())
+}
+
+/// `output_config`: `format`, a JSON Schema the answer must satisfy (`{"type":
+/// "json_schema", "schema"}`: the grammar chat's `response_format` gives), and `effort`, how
+/// much work Anthropic's models put into an answer, which Claude Code sends with every
+/// request: accepted, without effect (a model here has no such setting).
+fn output_config(fields: &mut Map<String, Value>) -> Result<Option<Grammar>, ApiError> {
+    let refused = |message: String| ApiError::invalid_field("output_config", message);
+    let Some(mut config) = take::<Map<String, Value>>(fields, "output_config")? else {
+        return Ok(None);
+    };
+    match config.remove("effort") {
+        None | Some(Value::Null | Value::String(_)) => {}
+        Some(_) => return Err(refused("output_config.effort must be a string".into())),
+    }
+    let grammar = match config.remove("format") {
+        None | Some(Value::Null) => None,
+        Some(Value::Object(mut format)) => {
+            if format
+                .remove("type")
+                .is_none_or(|kind| kind != "json_schema")
+            {
+                return Err(refused(
+                    "output_config.format's type must be json_schema".into(),
+                ));
+            }
+            let schema = match format.remove("schema") {
+                Some(schema @ (Value::Object(_) | Value::Bool(_))) => schema,
+                _ => {
+                    return Err(refused(
+                        "output_config.format needs schema, an object".into(),
+                    ));
+                }
+            };
+            if let Some(key) = format.keys().next() {
+                return Err(refused(format!(
+                    "output_config.format.{key} is not supported"
+                )));
+            }
+            Some(Grammar::JsonSchema(schema))
+        }
+        Some(_) => return Err(refused("output_config.format must be an object".into())),
+    };
+    match config.keys().next() {
+        Some(key) => Err(refused(format!("output_config.{key} is not supported"))),
+        None => Ok(grammar),
+    }
+}
+
+/// `context_management`: edits Anthropic's server makes to a long conversation before
+/// running it. Clearing earlier turns' thinking (`clear_thinking_*`, which Claude Code asks
+/// for) is accepted: which earlier reasoning a prompt shows is the chat template's choice
+/// here. Any other edit (clearing tool results) would change the prompt and is refused.
+fn context_management(fields: &mut Map<String, Value>) -> Result<(), ApiError> {
+    let refused = |message: String| ApiError::invalid_field("context_management", message);
+    let Some(mut config) = take::<Map<String, Value>>(fields, "context_management")? else {
+        return Ok(());
+    };
+    let edits: Vec<Map<String, Value>> = match config.remove("edits") {
+        None | Some(Value::Null) => Vec::new(),
+        Some(edits) => serde_json::from_value(edits)
+            .map_err(|_| refused("context_management.edits must be a list of objects".into()))?,
+    };
+    for edit in edits {
+        match edit.get("type").and_then(Value::as_str) {
+            Some(kind) if kind.starts_with("clear_thinking") => {}
+            kind => {
+                return Err(refused(format!(
+                    "the context_management edit {kind:?} is not supported: send the conversation as it should run"
+                )));
+            }
+        }
+    }
+    match config.keys().next() {
+        Some(key) => Err(refused(format!(
+            "context_management.{key} is not supported"
+        ))),
+        None => Ok(()),
+    }
 }
 
 fn required(field: &'static str) -> ApiError {
@@ -662,6 +750,44 @@ mod tests {
         ] {
             let message = error(json!({"tools": tools}));
             assert!(message.contains(expected), "{message}");
+        }
+    }
+
+    #[test]
+    fn claude_codes_output_config_and_context_management_are_read() {
+        let request = parse_with(
+            json!({"output_config": {"effort": "high"},
+                   "context_management": {"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}}),
+            false,
+        )
+        .unwrap();
+        assert!(request.grammar.is_none());
+        let schema = json!({"type": "object", "properties": {"a": {"type": "integer"}}});
+        let request = parse_with(
+            json!({"output_config": {"format": {"type": "json_schema", "schema": schema}}}),
+            false,
+        )
+        .unwrap();
+        assert!(matches!(&request.grammar, Some(Grammar::JsonSchema(s)) if *s == schema));
+        for (extra, named) in [
+            (
+                json!({"output_config": {"format": {"type": "text"}}}),
+                "json_schema",
+            ),
+            (
+                json!({"output_config": {"format": {"type": "json_schema"}}}),
+                "schema",
+            ),
+            (json!({"output_config": {"effort": 3}}), "effort"),
+            (json!({"output_config": {"verbosity": "low"}}), "verbosity"),
+            (
+                json!({"context_management": {"edits": [{"type": "clear_tool_uses_20250919"}]}}),
+                "clear_tool_uses",
+            ),
+        ] {
+            let e = parse_with(extra.clone(), false).unwrap_err();
+            assert_eq!(e.status, 400, "{extra}");
+            assert!(e.message.contains(named), "{extra}: {}", e.message);
         }
     }
 

@@ -579,3 +579,38 @@ fn anthropic_python_client() {
     let server = Server::start(&dir, &["--chat-template", &thinking, "--api-key", "sesame"]);
     run_anthropic_client(&server, &["thinking"]);
 }
+
+/// `output_config.format` constrains the answer to its JSON Schema (checked by an
+/// independent validator), sampled at Anthropic's default temperature and streamed alike;
+/// with what Claude Code sends beside it (`effort`, a `clear_thinking` edit).
+#[test]
+fn output_config_format_constrains_the_answer_to_its_schema() {
+    let Some(dir) = artifact_dir() else { return };
+    let server = Server::start(&dir, &[]);
+    let schema = json!({
+        "type": "object",
+        "properties": {"city": {"type": "string", "maxLength": 30},
+                       "population": {"type": "integer", "minimum": 0}},
+        "required": ["city", "population"],
+        "additionalProperties": false,
+    });
+    let validator = jsonschema::validator_for(&schema).unwrap();
+    let mut body = ask("Name a big city and its population.", 60);
+    body["temperature"] = 1.0.into();
+    body["output_config"] = json!({"effort": "high",
+                                   "format": {"type": "json_schema", "schema": schema}});
+    body["context_management"] =
+        json!({"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]});
+    for _ in 0..3 {
+        let answer = post_ok(&server, MESSAGES, &body);
+        assert_eq!(answer["stop_reason"], "end_turn", "{answer}");
+        let value: Value = serde_json::from_str(&text_of(&answer)).unwrap();
+        assert!(validator.is_valid(&value), "{answer}");
+        let (blocks, ..) = streamed(&events(&server, &body));
+        let [block] = &blocks[..] else {
+            panic!("{blocks:?}")
+        };
+        let value: Value = serde_json::from_str(block["text"].as_str().unwrap()).unwrap();
+        assert!(validator.is_valid(&value), "{block}");
+    }
+}

@@ -122,41 +122,39 @@ impl Drop for Server {
 /// fails. Skipped when python3 has no `openai` package, unless `REQUIRE_OPENAI` is set (CI),
 /// which makes its absence a failure.
 pub fn run_openai_client(server: &Server, mode: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_client.py");
-    let out = Command::new("python3")
-        .args([script, &format!("http://{}/v1", server.address), "sesame"])
-        .args(mode)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_client(
+        "openai_client.py",
+        &format!("http://{}/v1", server.address),
+        mode,
     );
 }
 
 /// Whether python3 has the `openai` package; its absence fails under `REQUIRE_OPENAI`.
 pub fn has_openai_client() -> bool {
-    let has_client = Command::new("python3")
-        .args(["-c", "import openai"])
-        .status()
-        .is_ok_and(|s| s.success());
-    assert!(
-        has_client || std::env::var_os("REQUIRE_OPENAI").is_none(),
-        "python3 has no openai package"
-    );
-    has_client
+    has_package("openai", "REQUIRE_OPENAI")
 }
 
-/// Runs cli/tests/anthropic_client.py (the official `anthropic` Python client) against
-/// `server` with the API key `sesame` and `mode`'s extra arguments, and fails with its
-/// output if it fails. Skipped when python3 has no `anthropic` package, unless
-/// `REQUIRE_ANTHROPIC` is set (CI), which makes its absence a failure.
+/// Runs cli/tests/anthropic_client.py (the official `anthropic` Python client) as
+/// [`run_openai_client`] runs OpenAI's; `REQUIRE_ANTHROPIC` makes its absence a failure.
 pub fn run_anthropic_client(server: &Server, mode: &[&str]) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/anthropic_client.py");
+    run_client(
+        "anthropic_client.py",
+        &format!("http://{}", server.address),
+        mode,
+    );
+}
+
+/// Whether python3 has the `anthropic` package; its absence fails under `REQUIRE_ANTHROPIC`.
+pub fn has_anthropic_client() -> bool {
+    has_package("anthropic", "REQUIRE_ANTHROPIC")
+}
+
+/// Runs cli/tests/`script` with the server's `base_url`, the API key `sesame` and `mode`,
+/// and fails with its output if it fails.
+pub fn run_client(script: &str, base_url: &str, mode: &[&str]) {
+    let script = format!("{}/tests/{script}", env!("CARGO_MANIFEST_DIR"));
     let out = Command::new("python3")
-        .args([script, &format!("http://{}", server.address), "sesame"])
+        .args([&script, base_url, "sesame"])
         .args(mode)
         .output()
         .unwrap();
@@ -168,17 +166,18 @@ pub fn run_anthropic_client(server: &Server, mode: &[&str]) {
     );
 }
 
-/// Whether python3 has the `anthropic` package; its absence fails under `REQUIRE_ANTHROPIC`.
-pub fn has_anthropic_client() -> bool {
-    let has_client = Command::new("python3")
-        .args(["-c", "import anthropic"])
+/// Whether python3 can import `package`; with the environment variable `required` set (CI),
+/// its absence is a failure instead of a skip.
+pub fn has_package(package: &str, required: &str) -> bool {
+    let has_package = Command::new("python3")
+        .args(["-c", &format!("import {package}")])
         .status()
         .is_ok_and(|s| s.success());
     assert!(
-        has_client || std::env::var_os("REQUIRE_ANTHROPIC").is_none(),
-        "python3 has no anthropic package"
+        has_package || std::env::var_os(required).is_none(),
+        "python3 has no {package} package"
     );
-    has_client
+    has_package
 }
 
 pub fn dechunk(mut body: &[u8]) -> Vec<u8> {

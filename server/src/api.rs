@@ -45,6 +45,9 @@ pub struct Request {
     pub n: usize,
     /// What the answer must match (`response_format`), compiled by the HTTP side.
     pub grammar: Option<Grammar>,
+    /// The request field `grammar` came from, for errors: `response_format`, or the
+    /// Responses API's `text`.
+    pub format_param: &'static str,
     /// The tools offered to a chat, if any.
     pub tools: Option<Tools>,
     /// Further variables for the chat template (`chat_template_kwargs`).
@@ -179,7 +182,7 @@ pub fn chat(body: &[u8]) -> Result<Request, ApiError> {
         .map(message)
         .collect::<Result<Vec<_>, _>>()?;
     let max_tokens = chat_max_tokens(&mut fields)?;
-    let grammar = response_format(take(&mut fields, "response_format")?)?;
+    let grammar = response_format(take(&mut fields, "response_format")?, "response_format")?;
     let logprobs = take(&mut fields, "logprobs")?.unwrap_or(false);
     let top: Option<usize> = take(&mut fields, "top_logprobs")?;
     let logprobs = match (logprobs, top) {
@@ -200,12 +203,7 @@ pub fn chat(body: &[u8]) -> Result<Request, ApiError> {
     };
     let tools = tools(&mut fields)?;
     no_tool_calls(&mut fields, "functions", "function_call")?;
-    if grammar.is_some() && tools.as_ref().is_some_and(|t| t.choice != ToolChoice::None) {
-        return Err(ApiError::invalid_field(
-            "response_format",
-            "response_format cannot be combined with tools unless tool_choice is none",
-        ));
-    }
+    format_with_tools(grammar.as_ref(), tools.as_ref(), "response_format")?;
     let template_kwargs = take(&mut fields, "chat_template_kwargs")?.unwrap_or_default();
     let mut request = common(fields, vec![Prompt::Chat(messages)], max_tokens, logprobs)?;
     request.grammar = grammar;
@@ -313,6 +311,22 @@ pub(crate) fn tools(fields: &mut Map<String, Value>) -> Result<Option<Tools>, Ap
     }))
 }
 
+/// Refuses a format (from the field `param`) beside tools the model may call: the answer
+/// cannot follow the format's grammar and be read for calls too.
+pub(crate) fn format_with_tools(
+    grammar: Option<&Grammar>,
+    tools: Option<&Tools>,
+    param: &'static str,
+) -> Result<(), ApiError> {
+    if grammar.is_some() && tools.is_some_and(|t| t.choice != ToolChoice::None) {
+        return Err(ApiError::invalid_field(
+            param,
+            format!("{param} cannot be combined with tools unless tool_choice is none"),
+        ));
+    }
+    Ok(())
+}
+
 fn invalid_choice() -> ApiError {
     ApiError::invalid_field(
         "tool_choice",
@@ -328,15 +342,19 @@ fn valid_name(name: &str) -> bool {
 
 /// OpenAI's `response_format`: `text`; `json_object` (any JSON object; with a `schema`, as
 /// llama-server takes it, one valid against it); `json_schema` with `json_schema: {name,
-/// schema, strict, description}`, the schema enforced whatever `strict` says.
-fn response_format(format: Option<Value>) -> Result<Option<Grammar>, ApiError> {
-    let invalid = |message: &str| ApiError::invalid_field("response_format", message);
+/// schema, strict, description}`, the schema enforced whatever `strict` says. Errors name
+/// `param`, the field the format came from.
+pub(crate) fn response_format(
+    format: Option<Value>,
+    param: &'static str,
+) -> Result<Option<Grammar>, ApiError> {
+    let invalid = |message: String| ApiError::invalid_field(param, message);
     let Some(format) = format else {
         return Ok(None);
     };
     let schema = |value: Option<&Value>| match value {
         Some(schema @ (Value::Object(_) | Value::Bool(_))) => Ok(Some(schema.clone())),
-        Some(_) => Err(invalid("response_format's schema must be a JSON object")),
+        Some(_) => Err(invalid(format!("{param}'s schema must be a JSON object"))),
         None => Ok(None),
     };
     match format.get("type").and_then(Value::as_str) {
@@ -346,16 +364,17 @@ fn response_format(format: Option<Value>) -> Result<Option<Grammar>, ApiError> {
             None => Grammar::json_object(),
         })),
         Some("json_schema") => {
-            let spec = (format.get("json_schema"))
-                .ok_or_else(|| invalid("response_format json_schema needs a json_schema object"))?;
+            let spec = (format.get("json_schema")).ok_or_else(|| {
+                invalid(format!("{param} json_schema needs a json_schema object"))
+            })?;
             match schema(spec.get("schema"))? {
                 Some(schema) => Ok(Some(Grammar::JsonSchema(schema))),
-                None => Err(invalid("response_format's json_schema needs a schema")),
+                None => Err(invalid(format!("{param}'s json_schema needs a schema"))),
             }
         }
-        _ => Err(invalid(
-            "response_format's type must be text, json_object or json_schema",
-        )),
+        _ => Err(invalid(format!(
+            "{param}'s type must be text, json_object or json_schema"
+        ))),
     }
 }
 
@@ -543,6 +562,7 @@ fn common(
         cache_salt,
         n,
         grammar: None,
+        format_param: "response_format",
         tools: None,
         template_kwargs: Map::new(),
         fit_context: false,
@@ -553,7 +573,7 @@ fn common(
 /// each checked by name. OpenAI's defaults: temperature 1, top_p 1, no penalty or bias; no
 /// seed gives a fresh one. `logit_bias`'s ids are checked against the vocabulary once the
 /// tokenizer is at hand.
-fn sampling(fields: &mut Map<String, Value>) -> Result<SamplingParams, ApiError> {
+pub(crate) fn sampling(fields: &mut Map<String, Value>) -> Result<SamplingParams, ApiError> {
     let temperature: f32 = take(fields, "temperature")?.unwrap_or(1.0);
     if !(0.0..=2.0).contains(&temperature) {
         return Err(ApiError::invalid_field(

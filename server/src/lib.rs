@@ -5,7 +5,8 @@
 //! ([`transport`], [`connections`]), checks what a request must pass before it is routed
 //! ([`guard`]), parses and checks requests ([`api`]), tokenizes prompts and turns engine
 //! events into responses or server-sent events ([`routes`], [`reply`]; Anthropic's
-//! `/v1/messages` over the same path, [`messages`]); one engine thread owns the
+//! `/v1/messages` over the same path, [`messages`], and OpenAI's `/v1/responses`,
+//! [`responses`]); one engine thread owns the
 //! model and runs the requests ([`engine`]). The port is bound before the model loads, so
 //! `/health` answers 503 until it is ready. SIGTERM or Ctrl-C stops accepting connections,
 //! lets the requests under way finish within the shutdown timeout, and returns.
@@ -17,6 +18,7 @@ pub mod error;
 mod guard;
 mod messages;
 mod reply;
+mod responses;
 mod routes;
 mod tokens;
 mod transport;
@@ -193,7 +195,8 @@ where
         next_id: Arc::new(AtomicU64::new(1)),
     };
     let shutdown_timeout = state.options.shutdown_timeout;
-    let app = routes::router(state, tokens::routes().merge(messages::routes()));
+    let more_api = (tokens::routes().merge(messages::routes())).merge(responses::routes());
+    let app = routes::router(state, more_api);
     let stopped = runtime.block_on(transport::serve(
         listener,
         app,

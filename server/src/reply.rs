@@ -85,7 +85,8 @@ struct Streamed {
 }
 
 /// A chat answer read as it streams: its reasoning split off, then its reply read for tool
-/// calls. Anthropic's Messages API reads its answers with it too ([`crate::messages`]).
+/// calls. Anthropic's Messages API and OpenAI's Responses API read their answers with it
+/// too ([`crate::messages`], [`crate::responses`]).
 pub(crate) struct Reading {
     splitter: Option<Splitter>,
     parser: Option<Parser>,

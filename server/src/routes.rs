@@ -1,8 +1,9 @@
 //! The HTTP routes: OpenAI's chat and completions endpoints (a request checked, tokenized
 //! and queued for the engine by [`start`], which Anthropic's Messages API
-//! ([`crate::messages`]) shares; the answer built by [`crate::reply`]), the model list,
-//! health and metrics; errors in OpenAI's envelope for every failure, routing ones included,
-//! except on Anthropic's paths ([`Protocol::of`]).
+//! ([`crate::messages`]) and OpenAI's Responses API ([`crate::responses`]) share; the answer
+//! built by [`crate::reply`]), the model list, health and metrics; errors in OpenAI's
+//! envelope for every failure, routing ones included, except on Anthropic's paths
+//! ([`Protocol::of`]).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock, mpsc};
@@ -40,7 +41,8 @@ pub(crate) struct State {
 }
 
 /// The server's routes: the chat and completion API here, `more_api` beside it under the
-/// same API checks (the tokenizer's routes, Anthropic's Messages API), the chat page, health and metrics.
+/// same API checks (the tokenizer's routes, Anthropic's Messages API, OpenAI's Responses
+/// API), the chat page, health and metrics.
 pub(crate) fn router(state: State, more_api: axum::Router<State>) -> axum::Router {
     let api = axum::Router::new()
         .route("/v1/chat/completions", post(chat))
@@ -427,11 +429,11 @@ fn ban_calls(biases: &mut Vec<(u32, f32)>, tokenizer: &Tokenizer, format: Format
 }
 
 /// The request field whose grammar a request follows, for errors.
-fn grammar_param(request: &Request) -> &'static str {
+pub(crate) fn grammar_param(request: &Request) -> &'static str {
     match (&request.grammar, &request.tools) {
         (None, Some(tools)) if matches!(tools.choice, ToolChoice::Function(_)) => "tool_choice",
         (None, Some(_)) => "tools",
-        _ => "response_format",
+        _ => request.format_param,
     }
 }
 

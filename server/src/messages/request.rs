@@ -13,7 +13,7 @@ use serde::Deserialize;
 use serde_json::value::RawValue;
 use serde_json::{Map, Value, json};
 
-use crate::api::{self, Prompt, Request, ToolChoice, Tools, take};
+use crate::api::{self, Prompt, Request, Tools, take};
 use crate::error::ApiError;
 
 /// Fields accepted with no effect: who the caller is (`metadata`), a mark asking for the
@@ -48,12 +48,7 @@ pub(crate) fn parse(body: &[u8], purpose: Purpose, thinks: bool) -> Result<Reque
     let tools = tools(&mut fields)?;
     let template_kwargs = thinking(&mut fields)?;
     let grammar = output_config(&mut fields)?;
-    if grammar.is_some() && tools.as_ref().is_some_and(|t| t.choice != ToolChoice::None) {
-        return Err(ApiError::invalid_field(
-            "output_config",
-            "output_config.format cannot be combined with tools unless tool_choice is none",
-        ));
-    }
+    api::format_with_tools(grammar.as_ref(), tools.as_ref(), "output_config")?;
     context_management(&mut fields)?;
     let mut request = Request {
         prompts: vec![Prompt::Chat(messages)],
@@ -68,6 +63,7 @@ pub(crate) fn parse(body: &[u8], purpose: Purpose, thinks: bool) -> Result<Reque
         cache_salt: None,
         n: 1,
         grammar,
+        format_param: "output_config",
         tools,
         template_kwargs,
         // Anthropic's newer models stop at the context's end (`model_context_window_exceeded`)

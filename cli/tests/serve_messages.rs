@@ -590,12 +590,13 @@ fn output_config_format_constrains_the_answer_to_its_schema() {
     let schema = json!({
         "type": "object",
         "properties": {"city": {"type": "string", "maxLength": 30},
-                       "population": {"type": "integer", "minimum": 0}},
+                       "population": {"type": "integer", "minimum": 0, "maximum": 100_000_000_000_i64}},
         "required": ["city", "population"],
         "additionalProperties": false,
     });
     let validator = jsonschema::validator_for(&schema).unwrap();
-    let mut body = ask("Name a big city and its population.", 60);
+    // Bounded (30 characters, 12 digits), so an answer ends well within 200 tokens.
+    let mut body = ask("Name a big city and its population.", 200);
     body["temperature"] = 1.0.into();
     body["output_config"] = json!({"effort": "high",
                                    "format": {"type": "json_schema", "schema": schema}});

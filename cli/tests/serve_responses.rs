@@ -11,11 +11,9 @@
 
 mod common;
 
-use std::process::Command;
-
 use serde_json::{Value, json};
 
-use common::{Server, artifact_dir, cli_answer, has_openai_client};
+use common::{Server, artifact_dir, cli_answer, has_openai_client, run_client};
 
 const RESPONSES: &str = "/v1/responses";
 
@@ -578,22 +576,8 @@ fn reasoning_comes_as_a_reasoning_item() {
 /// Runs cli/tests/openai_responses.py (the official `openai` Python client) against
 /// `server` with the key `sesame` and `mode`; fails with its output if it fails.
 fn run_responses_client(server: &Server, mode: &str) {
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_responses.py");
-    let out = Command::new("python3")
-        .args([
-            script,
-            &format!("http://{}/v1", server.address),
-            "sesame",
-            mode,
-        ])
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let base_url = format!("http://{}/v1", server.address);
+    run_client("openai_responses.py", &base_url, &[mode]);
 }
 
 /// The official `openai` Python client through its types: `responses.create` (text, a

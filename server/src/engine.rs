@@ -609,3 +609,36 @@ fn add_busy(metrics: &Metrics, started: Instant) {
     let ns = started.elapsed().as_nanos() as u64;
     metrics.busy_ns.fetch_add(ns, Ordering::Relaxed);
 }
+
+/// What the tests of the answers' builders (`reply`, `messages`, `responses`) feed them.
+#[cfg(test)]
+pub(crate) mod testing {
+    use runtime::generate::StopReason;
+    use tokio::sync::mpsc as async_mpsc;
+
+    use super::Event;
+
+    /// The engine's events for `text` in pieces of `size` bytes (ASCII), ended as `reason`
+    /// after `tokens` tokens, 3 of the prompt's 7 from a cache; a stop string is `"\n\nUser"`.
+    pub(crate) fn events(
+        text: &str,
+        size: usize,
+        reason: StopReason,
+        tokens: usize,
+    ) -> async_mpsc::UnboundedReceiver<Event> {
+        let (sender, receiver) = async_mpsc::unbounded_channel();
+        for piece in text.as_bytes().chunks(size) {
+            let piece = String::from_utf8(piece.to_vec()).unwrap();
+            sender.send(Event::Text(piece)).unwrap();
+        }
+        let done = Event::Done {
+            reason,
+            prompt_tokens: 7,
+            cached_tokens: 3,
+            completion_tokens: tokens,
+            stop_string: (reason == StopReason::Stop).then(|| "\n\nUser".to_string()),
+        };
+        sender.send(done).unwrap();
+        receiver
+    }
+}

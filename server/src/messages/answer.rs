@@ -408,6 +408,7 @@ fn ended_badly(event: Event) -> ApiError {
 
 #[cfg(test)]
 mod tests {
+    use crate::engine::testing::events;
     use runtime::text::tools::Format;
 
     use super::*;
@@ -428,30 +429,6 @@ mod tests {
             50,
             7,
         )
-    }
-
-    /// The engine's events for `text` in pieces of `size` bytes (ASCII), ended as `reason`
-    /// after `tokens` tokens, 3 of the prompt's 7 from a cache.
-    fn events(
-        text: &str,
-        size: usize,
-        reason: StopReason,
-        tokens: usize,
-    ) -> async_mpsc::UnboundedReceiver<Event> {
-        let (sender, receiver) = async_mpsc::unbounded_channel();
-        for piece in text.as_bytes().chunks(size) {
-            let piece = String::from_utf8(piece.to_vec()).unwrap();
-            sender.send(Event::Text(piece)).unwrap();
-        }
-        let done = Event::Done {
-            reason,
-            prompt_tokens: 7,
-            cached_tokens: 3,
-            completion_tokens: tokens,
-            stop_string: (reason == StopReason::Stop).then(|| "\n\nUser".to_string()),
-        };
-        sender.send(done).unwrap();
-        receiver
     }
 
     fn whole(answer: Answer, events: async_mpsc::UnboundedReceiver<Event>) -> Value {

@@ -559,6 +559,7 @@ impl Answer {
 
 #[cfg(test)]
 mod tests {
+    use crate::engine::testing::events;
     use runtime::text::tools::Format;
 
     use super::*;
@@ -581,30 +582,6 @@ mod tests {
         };
         let reading = Reading::new(Thinking::Split, Some(&tools));
         Answer::new("m".into(), echo(), reading, "tools")
-    }
-
-    /// The engine's events for `text` in pieces of `size` bytes (ASCII), ended as `reason`
-    /// after `tokens` tokens, 3 of the prompt's 7 from a cache.
-    fn events(
-        text: &str,
-        size: usize,
-        reason: StopReason,
-        tokens: usize,
-    ) -> async_mpsc::UnboundedReceiver<Event> {
-        let (sender, receiver) = async_mpsc::unbounded_channel();
-        for piece in text.as_bytes().chunks(size) {
-            let piece = String::from_utf8(piece.to_vec()).unwrap();
-            sender.send(Event::Text(piece)).unwrap();
-        }
-        let done = Event::Done {
-            reason,
-            prompt_tokens: 7,
-            cached_tokens: 3,
-            completion_tokens: tokens,
-            stop_string: None,
-        };
-        sender.send(done).unwrap();
-        receiver
     }
 
     fn whole(answer: Answer, events: async_mpsc::UnboundedReceiver<Event>) -> (u16, Value) {

@@ -216,14 +216,32 @@ pub(crate) fn thinking(state: &State, opens_thinking: bool) -> Thinking {
     }
 }
 
-/// Whether the model thinks before it answers: its chat template knows `<think>` sections
-/// (Qwen3's, SmolLM3's).
+/// What the chat template does with reasoning (`<think>` sections).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub(crate) enum Thinks {
+    /// It has none: the model does not reason.
+    Never,
+    /// It has them but no switch (DeepSeek-R1's opens one in every prompt).
+    Always,
+    /// `enable_thinking` turns them on or off (Qwen3's, SmolLM3's).
+    Switch,
+}
+
+impl Thinks {
+    /// What `template` does with reasoning.
+    pub fn of(template: Option<&str>) -> Self {
+        match template {
+            Some(t) if t.contains("<think>") && t.contains("enable_thinking") => Thinks::Switch,
+            Some(t) if t.contains("<think>") => Thinks::Always,
+            _ => Thinks::Never,
+        }
+    }
+}
+
+/// Whether the loaded model's chat template knows `<think>` sections.
 pub(crate) fn thinks(state: &State) -> bool {
-    let template = state
-        .loaded
-        .get()
-        .and_then(|loaded| loaded.tokenizer.chat_template());
-    template.is_some_and(|template| template.contains("<think>"))
+    let template = (state.loaded.get()).and_then(|loaded| loaded.tokenizer.chat_template());
+    Thinks::of(template) != Thinks::Never
 }
 
 pub(crate) fn ready(state: &State) -> Result<&Loaded, ApiError> {

@@ -18,9 +18,8 @@ use axum::routing::post;
 
 use crate::error::ApiError;
 use crate::reply::Reading;
-use crate::routes::{Started, State, grammar_param, ready, start, thinking};
+use crate::routes::{Started, State, Thinks, grammar_param, ready, start, thinking};
 use answer::Answer;
-use request::Thinks;
 
 pub(crate) fn routes() -> Router<State> {
     Router::new().route("/v1/responses", post(create))

@@ -13,32 +13,11 @@ use serde_json::{Map, Value, json};
 
 use crate::api::{self, Prompt, Request, take};
 use crate::error::ApiError;
+use crate::routes::Thinks;
 
 /// Fields accepted with no effect: who the caller is (`user`, echoed, is too), and a hint
 /// for OpenAI's cache routing (the cache of every finished request is kept here anyway).
 const HARMLESS: [&str; 2] = ["safety_identifier", "prompt_cache_key"];
-
-/// What the chat template does with reasoning (`<think>` sections).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-pub(crate) enum Thinks {
-    /// It has none: the model does not reason.
-    Never,
-    /// It has them but no switch (DeepSeek-R1's opens one in every prompt).
-    Always,
-    /// `enable_thinking` turns them on or off (Qwen3's, SmolLM3's).
-    Switch,
-}
-
-impl Thinks {
-    /// What `template` does with reasoning.
-    pub fn of(template: Option<&str>) -> Self {
-        match template {
-            Some(t) if t.contains("<think>") && t.contains("enable_thinking") => Thinks::Switch,
-            Some(t) if t.contains("<think>") => Thinks::Always,
-            _ => Thinks::Never,
-        }
-    }
-}
 
 /// The fields the response object repeats from the request, in OpenAI's shapes.
 pub(crate) type Echo = Map<String, Value>;

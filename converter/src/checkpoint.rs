@@ -108,6 +108,19 @@ impl Checkpoint {
         })
     }
 
+    /// Names every tensor `prefix` + its name when none has the prefix: a base model saved
+    /// on its own (transformers' `LlamaModel`, a sentence-transformers checkpoint) names its
+    /// tensors `layers.0...`, where a `LlamaForCausalLM` has `model.layers.0...`.
+    pub fn add_missing_prefix(&mut self, prefix: &str) {
+        if self.tensors.keys().any(|name| name.starts_with(prefix)) {
+            return;
+        }
+        let tensors = std::mem::take(&mut self.tensors);
+        self.tensors = (tensors.into_iter())
+            .map(|(name, meta)| (format!("{prefix}{name}"), meta))
+            .collect();
+    }
+
     /// Writes tensor `name`'s values into `out` as little-endian f32 (bf16 and f16 widen
     /// exactly), through `transform` (a `[rows, cols]` matrix transposed to `[cols, rows]`,
     /// or 1 added to each value); with `rows`, only those rows of a matrix (a block of a

@@ -21,8 +21,8 @@ use runtime::text::tokenizer::{
     TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer, TokenizerError,
 };
 use runtime::util::file_names::{
-    CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
-    TOKENIZER_FILE, WEIGHTS_FILE,
+    CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, POOLING_FILE,
+    TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
 };
 use runtime::util::files::read_bounded;
 use runtime::weights;
@@ -34,6 +34,7 @@ use crate::blocks::{self, BlocksFile};
 use crate::checkpoint::Checkpoint;
 use crate::digest::{PROBE_TEXT, digest_file, digests, probe};
 use crate::names::{self, Transform};
+use crate::pooling;
 use crate::record::{B, Source, write_record};
 use crate::staging::{Staging, finish_keeping};
 
@@ -61,7 +62,11 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
     }
     // The side files as the runtime will read them, checked before any weight is.
     let tokenizer = check_side_files(src, &config, render)?;
-    let checkpoint = Checkpoint::open(src)?;
+    let pooling = pooling::read(src, &hf, &config)?;
+    let mut checkpoint = Checkpoint::open(src)?;
+    if config.embedding_model {
+        checkpoint.add_missing_prefix(names::MODEL_PREFIX);
+    }
     // Before the model is built: its size comes from config.json, which could claim any
     // number of layers.
     check_layer_count(&checkpoint, &config)?;
@@ -81,6 +86,11 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
     for (name, bytes) in &side_files {
         staging.write(name, bytes)?;
         artifact_files.push(name.to_string());
+    }
+    if let Some(pooling) = &pooling {
+        let text = serde_json::to_string_pretty(pooling)? + "\n";
+        staging.write(POOLING_FILE, text.as_bytes())?;
+        artifact_files.push(POOLING_FILE.to_string());
     }
     write_record(model, &checkpoint, sources, &staging)?;
     // Digested once: the weights file names the record it was laid out from.

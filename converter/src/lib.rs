@@ -11,6 +11,7 @@ pub mod finite;
 pub mod gguf;
 pub mod import;
 pub mod names;
+pub mod pooling;
 pub mod quants;
 pub mod record;
 mod staging;

@@ -29,6 +29,9 @@ pub enum Transform {
     AddOne,
 }
 
+/// What a causal LM's checkpoint names its base model's tensors with (all but `lm_head`).
+pub const MODEL_PREFIX: &str = "model.";
+
 /// The tied source of `lm_head.weight`.
 pub const EMBEDDING: &str = "model.embed_tokens.weight";
 pub const LM_HEAD: &str = "lm_head.weight";
@@ -49,7 +52,11 @@ pub fn to_hf(param: &ParamInfo) -> Option<(String, Transform)> {
         ("RmsNorm", "gamma") => ("weight", Transform::Keep),
         _ => return None,
     };
-    let prefix = if module == "lm_head" { "" } else { "model." };
+    let prefix = if module == "lm_head" {
+        ""
+    } else {
+        MODEL_PREFIX
+    };
     Some((format!("{prefix}{module}.{hf_field}"), transform))
 }
 

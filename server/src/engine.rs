@@ -14,6 +14,11 @@
 //! is prefilled. Scopes (API key and `cache_salt`) keep one client's cached prefixes from
 //! showing in another's `cached_tokens`.
 //!
+//! Embedding requests ([`Work::Embed`]) wait in a queue of their own and run between the
+//! steps too, a piece of their texts at a time (each text whole, alone:
+//! `Generator::embed`), so that streams keep going while a long list is embedded and a
+//! text's embedding does not depend on what else runs.
+//!
 //! The model runs on this thread inside the rayon pool, as the command line runs it.
 
 use std::collections::{BTreeMap, VecDeque};
@@ -126,6 +131,28 @@ pub struct Job {
     pub forks: Vec<Fork>,
 }
 
+/// What the HTTP side hands the engine: a generation, or texts to embed.
+pub enum Work {
+    /// Boxed: a job's options are large, an embedding job small.
+    Generate(Box<Job>),
+    Embed(EmbedJob),
+}
+
+/// Texts to embed (their token ids, each checked by the HTTP side: non-empty, within the
+/// context and the vocabulary), cut to `dimensions` if asked, and where the embeddings go,
+/// in the order of the texts.
+pub struct EmbedJob {
+    pub inputs: Vec<Vec<u32>>,
+    pub dimensions: Option<usize>,
+    pub reply: tokio::sync::oneshot::Sender<Result<Vec<Vec<f32>>, String>>,
+}
+
+/// An embedding job under way: the embeddings of its first texts.
+struct Embedding {
+    job: EmbedJob,
+    done: Vec<Vec<f32>>,
+}
+
 /// Another choice of a [`Job`]: its sampling seed and where its events go.
 pub struct Fork {
     pub seed: u64,
@@ -156,6 +183,8 @@ fn tell(events: &UnboundedSender<Event>, forks: &[Fork], event: Event) {
 #[derive(Default)]
 struct Queue {
     jobs: VecDeque<Waiting>,
+    /// Embedding jobs in arrival order, the first under way.
+    embeddings: VecDeque<Embedding>,
 }
 
 struct Waiting {
@@ -166,15 +195,24 @@ struct Waiting {
 
 impl Queue {
     fn is_empty(&self) -> bool {
-        self.jobs.is_empty()
+        self.jobs.is_empty() && self.embeddings.is_empty()
     }
 
-    fn push(&mut self, job: Job) {
-        self.jobs.push_back(Waiting { job, told: false });
+    fn push(&mut self, work: Work) {
+        match work {
+            Work::Generate(job) => self.jobs.push_back(Waiting {
+                job: *job,
+                told: false,
+            }),
+            Work::Embed(job) => self.embeddings.push_back(Embedding {
+                job,
+                done: Vec::new(),
+            }),
+        }
     }
 
     /// Takes every job sent so far; false once the channel has closed.
-    fn receive(&mut self, jobs: &mpsc::Receiver<Job>) -> bool {
+    fn receive(&mut self, jobs: &mpsc::Receiver<Work>) -> bool {
         loop {
             match jobs.try_recv() {
                 Ok(job) => self.push(job),
@@ -187,6 +225,18 @@ impl Queue {
     /// Drops the jobs whose clients have gone, each counted as a cancelled request: its
     /// prompt is never run.
     fn drop_abandoned(&mut self, metrics: &Metrics) {
+        self.embeddings.retain(|embedding| {
+            let abandoned = embedding.job.reply.is_closed();
+            if abandoned {
+                // Counted out of the queue when its first text ran.
+                if embedding.done.is_empty() {
+                    metrics.queued.fetch_sub(1, Ordering::Relaxed);
+                }
+                metrics.cancelled.fetch_add(1, Ordering::Relaxed);
+                metrics.requests.fetch_add(1, Ordering::Relaxed);
+            }
+            !abandoned
+        });
         self.jobs.retain(|waiting| {
             let abandoned = waiting.job.abandoned();
             if abandoned {
@@ -296,7 +346,7 @@ pub struct Engine<B: KernelBackend> {
 
 impl<B: KernelBackend> Engine<B> {
     /// Serves `jobs` until the channel closes and every running sequence has ended.
-    pub fn run(&self, jobs: mpsc::Receiver<Job>, metrics: &Metrics) {
+    pub fn run(&self, jobs: mpsc::Receiver<Work>, metrics: &Metrics) {
         let mut running: Vec<Active<'_, B>> = Vec::new();
         // Admitted, their prompts not yet all run, in arrival order.
         let mut prefilling: VecDeque<Active<'_, B>> = VecDeque::new();
@@ -328,6 +378,14 @@ impl<B: KernelBackend> Engine<B> {
                 self.admit(job, &mut kept, &mut prefilling, metrics);
             }
             queue.tell_waiting();
+            if !queue.embeddings.is_empty() {
+                let budget = if running.is_empty() {
+                    PIECE_ALONE
+                } else {
+                    PIECE_DECODING
+                };
+                self.embed_piece(&mut queue.embeddings, budget, metrics);
+            }
             if running.is_empty() && prefilling.is_empty() {
                 continue;
             }
@@ -423,6 +481,48 @@ impl<B: KernelBackend> Engine<B> {
                 self.retire(active, outcome, &mut kept, metrics);
             }
         }
+    }
+
+    /// Embeds the next texts of the first embedding job, about `budget` tokens of them (at
+    /// least one text, each whole), and answers the job once all its texts are done.
+    fn embed_piece(&self, embeddings: &mut VecDeque<Embedding>, budget: usize, metrics: &Metrics) {
+        let Some(embedding) = embeddings.front_mut() else {
+            return;
+        };
+        if embedding.done.is_empty() {
+            metrics.queued.fetch_sub(1, Ordering::Relaxed);
+        }
+        let started = Instant::now();
+        let mut spent = 0;
+        let mut failed = None;
+        while let Some(ids) = embedding.job.inputs.get(embedding.done.len()) {
+            if spent > 0 && spent + ids.len() > budget {
+                break;
+            }
+            spent += ids.len();
+            match self.generator.embed(ids, embedding.job.dimensions) {
+                Ok(vector) => embedding.done.push(vector),
+                Err(e) => {
+                    failed = Some(e.to_string());
+                    break;
+                }
+            }
+        }
+        add_busy(metrics, started);
+        let finished = embedding.done.len() == embedding.job.inputs.len();
+        if !finished && failed.is_none() {
+            return;
+        }
+        let Embedding { job, done } = embeddings.pop_front().expect("the job embedded");
+        let tokens: usize = job.inputs.iter().map(Vec::len).sum();
+        metrics
+            .prompt_tokens
+            .fetch_add(tokens as u64, Ordering::Relaxed);
+        metrics.requests.fetch_add(1, Ordering::Relaxed);
+        let _ = job.reply.send(match failed {
+            Some(e) => Err(e),
+            None => Ok(done),
+        });
     }
 
     /// Admits `job` (its prompt to be run); a job the generator refuses gets its error,

@@ -6,13 +6,14 @@
 //! ([`guard`]), parses and checks requests ([`api`]), tokenizes prompts and turns engine
 //! events into responses or server-sent events ([`routes`], [`reply`]; Anthropic's
 //! `/v1/messages` over the same path, [`messages`], and OpenAI's `/v1/responses`,
-//! [`responses`]); one engine thread owns the
+//! [`responses`]; `/v1/embeddings`, [`embeddings`]); one engine thread owns the
 //! model and runs the requests ([`engine`]). The port is bound before the model loads, so
 //! `/health` answers 503 until it is ready. SIGTERM or Ctrl-C stops accepting connections,
 //! lets the requests under way finish within the shutdown timeout, and returns.
 
 pub mod api;
 mod connections;
+mod embeddings;
 pub mod engine;
 pub mod error;
 mod guard;
@@ -31,10 +32,11 @@ use std::time::{Duration, Instant};
 
 use runtime::generate::Generator;
 use runtime::model::backend::KernelBackend;
+use runtime::model::config::Pooling;
 use runtime::text::grammar::{GrammarError, Grammars};
 use runtime::text::tokenizer::{ContentSpecials, Tokenizer};
 
-use crate::engine::{Engine, Job, Metrics};
+use crate::engine::{Engine, Metrics, Work};
 
 /// How to serve.
 #[derive(Debug, Clone)]
@@ -96,6 +98,11 @@ pub(crate) struct Loaded {
     /// The model's vocab_size and end ids, for its grammars.
     pub vocab_size: usize,
     pub end_ids: Vec<u32>,
+    /// An embedding model, which generates no text.
+    pub embedding_model: bool,
+    /// How texts are embedded, and the embeddings' full size (hidden_size).
+    pub pooling: Pooling,
+    pub hidden_size: usize,
     /// The vocabulary as grammars see it, made for the first request that has one.
     pub grammars: OnceLock<Result<Grammars, GrammarError>>,
 }
@@ -145,7 +152,7 @@ where
 
     let metrics = Arc::new(Metrics::default());
     let loaded = Arc::new(OnceLock::new());
-    let (jobs, queue) = mpsc::channel::<Job>();
+    let (jobs, queue) = mpsc::channel::<Work>();
     // Told if the model fails to load: the server then stops with that error.
     let (failed, load_failed) = tokio::sync::oneshot::channel::<()>();
     // Installed before the model loads, so that a signal then stops the server too.
@@ -170,6 +177,9 @@ where
                         context: generator.config.max_position_embeddings,
                         vocab_size: generator.config.vocab_size,
                         end_ids: generator.eos_ids().to_vec(),
+                        embedding_model: generator.config.embedding_model,
+                        pooling: generator.pooling.clone(),
+                        hidden_size: generator.config.hidden_size,
                         grammars: OnceLock::new(),
                     });
                     metrics
@@ -195,7 +205,10 @@ where
         next_id: Arc::new(AtomicU64::new(1)),
     };
     let shutdown_timeout = state.options.shutdown_timeout;
-    let more_api = (tokens::routes().merge(messages::routes())).merge(responses::routes());
+    let more_api = (tokens::routes())
+        .merge(messages::routes())
+        .merge(responses::routes())
+        .merge(embeddings::routes());
     let app = routes::router(state, more_api);
     let stopped = runtime.block_on(transport::serve(
         listener,

@@ -26,14 +26,14 @@ use serde_json::json;
 use tokio::sync::mpsc as async_mpsc;
 
 use crate::api::{self, Prompt, Request, ToolChoice};
-use crate::engine::{Event, Fork, Job, Metrics};
+use crate::engine::{Event, Fork, Job, Metrics, Work};
 use crate::error::{ApiError, Protocol};
 use crate::reply::{Kind, Reply, Thinking, ToolReading};
 use crate::{Loaded, Options};
 
 #[derive(Clone)]
 pub(crate) struct State {
-    pub jobs: mpsc::Sender<Job>,
+    pub jobs: mpsc::Sender<Work>,
     pub metrics: Arc<Metrics>,
     pub loaded: Arc<OnceLock<Loaded>>,
     pub options: Arc<Options>,
@@ -83,11 +83,29 @@ async fn health(axum::extract::State(state): axum::extract::State<State>) -> Res
 }
 
 async fn models(axum::extract::State(state): axum::extract::State<State>) -> Response {
+    let card = |name: &String| {
+        let mut card = json!({"id": name, "object": "model", "created": 0, "owned_by": "runtime"});
+        // How /v1/embeddings pools, once the model is known.
+        if let Some(loaded) = state.loaded.get() {
+            let pooling = &loaded.pooling;
+            card["pooling"] = pooling.pooling.name().into();
+            card["normalize"] = pooling.normalize.into();
+            card["embedding_dimensions"] = loaded.hidden_size.into();
+            if !pooling.matryoshka_dimensions.is_empty() {
+                card["matryoshka_dimensions"] = pooling.matryoshka_dimensions.clone().into();
+            }
+            card["task"] = if loaded.embedding_model {
+                "embed"
+            } else {
+                "generate"
+            }
+            .into();
+        }
+        card
+    };
     Json(json!({
         "object": "list",
-        "data": served_names(&state)
-            .map(|name| json!({"id": name, "object": "model", "created": 0, "owned_by": "runtime"}))
-            .collect::<Vec<_>>(),
+        "data": served_names(&state).map(card).collect::<Vec<_>>(),
     }))
     .into_response()
 }
@@ -272,6 +290,15 @@ pub(crate) async fn start(
 ) -> Result<Started, ApiError> {
     let loaded = ready(state)?;
     check_model(state, request.model.as_deref())?;
+    if loaded.embedding_model {
+        return Err(ApiError::invalid_field(
+            "model",
+            format!(
+                "{} is an embedding model (no lm_head): it generates no text; embed with POST /v1/embeddings",
+                state.options.model
+            ),
+        ));
+    }
     if request.n > state.options.parallel {
         return Err(ApiError::invalid_field(
             "n",
@@ -363,7 +390,7 @@ pub(crate) async fn start(
             constraint: constraints.next(),
             forks,
         };
-        if state.jobs.send(job).is_err() {
+        if state.jobs.send(Work::Generate(Box::new(job))).is_err() {
             return Err(ApiError::with_status(
                 StatusCode::SERVICE_UNAVAILABLE,
                 "the server is shutting down",
@@ -383,7 +410,7 @@ pub(crate) async fn start(
 /// Places a request's jobs take in the queue (`Metrics::queued`) as they are sent to the
 /// engine, which counts each out as it admits or drops it; those not handed over with a job
 /// (the engine has stopped) are given back when dropped.
-struct QueuePlaces<'m> {
+pub(crate) struct QueuePlaces<'m> {
     metrics: &'m Metrics,
     held: usize,
 }
@@ -392,7 +419,7 @@ impl<'m> QueuePlaces<'m> {
     /// 429 with `Retry-After` ([`ApiError::queue_full`]) if `max_queue` or more jobs wait.
     /// A request is refused only when the queue is full, never for its own size (a list of
     /// prompts is a job each): one always fits an empty queue.
-    fn check(metrics: &Metrics, max_queue: usize) -> Result<(), ApiError> {
+    pub fn check(metrics: &Metrics, max_queue: usize) -> Result<(), ApiError> {
         if metrics.queued.load(Ordering::Relaxed) >= max_queue {
             return Err(ApiError::queue_full(max_queue));
         }
@@ -401,7 +428,7 @@ impl<'m> QueuePlaces<'m> {
 
     /// `jobs` places, as [`QueuePlaces::check`] allows: checked and counted at once, so
     /// that requests arriving together cannot all pass the check.
-    fn take(metrics: &'m Metrics, jobs: usize, max_queue: usize) -> Result<Self, ApiError> {
+    pub fn take(metrics: &'m Metrics, jobs: usize, max_queue: usize) -> Result<Self, ApiError> {
         (metrics.queued)
             .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |queued| {
                 (queued < max_queue).then_some(queued + jobs)
@@ -414,7 +441,7 @@ impl<'m> QueuePlaces<'m> {
     }
 
     /// One place goes to the engine with its job.
-    fn hand_over(&mut self) {
+    pub fn hand_over(&mut self) {
         self.held -= 1;
     }
 }
@@ -554,7 +581,7 @@ pub(crate) struct Tokenized {
 }
 
 /// 400 naming `param` unless every id is one the tokenizer has.
-fn in_vocabulary(
+pub(crate) fn in_vocabulary(
     tokenizer: &Tokenizer,
     param: &'static str,
     mut ids: impl Iterator<Item = u32>,

@@ -42,9 +42,13 @@ enum Command {
     /// Chat in the terminal: multi-turn, the KV cache kept between turns; Ctrl-C stops an
     /// answer, /reset starts over, /exit (or Ctrl-D) quits.
     Chat(ChatArgs),
-    /// Serve OpenAI's API over HTTP: /v1/chat/completions, /v1/completions, /v1/models,
-    /// /health, /metrics.
+    /// Serve OpenAI's API over HTTP: /v1/chat/completions, /v1/completions,
+    /// /v1/embeddings, /v1/models, /health, /metrics.
     Serve(ServeArgs),
+    /// Embed texts: one JSON list of numbers per text, a line each, in order. An embedding
+    /// model pools as its checkpoint says (its pooling.json); a model that generates, and
+    /// an embedding model without a pooling file, by the last token, normalized.
+    Embed(EmbedArgs),
     /// Internal: render a chat template request from stdin (see `runtime::text::chat`).
     #[command(hide = true)]
     RenderChat,
@@ -271,6 +275,19 @@ struct PerplexityArgs {
 }
 
 #[derive(Args)]
+struct EmbedArgs {
+    /// A text to embed (repeatable). Without any, each line of stdin is one.
+    #[arg(long)]
+    text: Vec<String>,
+    /// Cut each embedding to its first N values (then normalized if the model normalizes),
+    /// for a model that lists N among its matryoshka_dimensions.
+    #[arg(long, value_name = "N")]
+    dimensions: Option<usize>,
+    #[command(flatten)]
+    common: CommonArgs,
+}
+
+#[derive(Args)]
 struct ServeArgs {
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
@@ -359,6 +376,7 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
     let common = match &cli.command {
         Some(Command::Perplexity(args)) => &args.common,
         Some(Command::Chat(args)) => &args.common,
+        Some(Command::Embed(args)) => &args.common,
         Some(Command::RenderChat) => return Ok(runtime::text::chat::serve()?),
         Some(Command::Serve(args)) => return serve(args),
         None => &cli.generate.common,
@@ -373,6 +391,7 @@ fn run(cli: Cli, started: Instant) -> Result<()> {
 fn run_on<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<()> {
     match &cli.command {
         Some(Command::Perplexity(args)) => perplexity::<B>(args),
+        Some(Command::Embed(args)) => embed::<B>(args),
         Some(Command::Chat(args)) => {
             let (generator, tokenizer) = load::<B>(&args.common)?;
             cli::repl::run(
@@ -645,6 +664,53 @@ fn generation_json(g: &Generation, load_s: f64) -> serde_json::Value {
             "decode_tokens_per_s": g.timings.decode_tokens_per_s,
         },
     })
+}
+
+/// `runtime embed`: the texts (or stdin's lines) checked and tokenized first, then each
+/// embedded alone and printed as a JSON list, a line a text.
+fn embed<B: KernelBackend>(args: &EmbedArgs) -> Result<()> {
+    /// Most bytes read from stdin.
+    const STDIN_LIMIT: u64 = 64 << 20;
+    let texts = if args.text.is_empty() {
+        let mut input = String::new();
+        std::io::Read::read_to_string(
+            &mut std::io::Read::take(std::io::stdin().lock(), STDIN_LIMIT + 1),
+            &mut input,
+        )
+        .context("cannot read stdin as UTF-8 text")?;
+        if input.len() as u64 > STDIN_LIMIT {
+            bail!("stdin holds more than {STDIN_LIMIT} bytes");
+        }
+        input.lines().map(str::to_string).collect()
+    } else {
+        args.text.clone()
+    };
+    if texts.is_empty() {
+        bail!("nothing to embed: give --text TEXT, or lines on stdin");
+    }
+    if let Some(i) = texts.iter().position(String::is_empty) {
+        bail!("text {} is empty", i + 1);
+    }
+    let (generator, tokenizer) = load::<B>(&args.common)?;
+    generator.check_dimensions(args.dimensions)?;
+    let context = generator.config.max_position_embeddings;
+    let mut inputs = Vec::with_capacity(texts.len());
+    for (i, text) in texts.iter().enumerate() {
+        let ids = tokenizer.encode(text)?;
+        if ids.len() > context {
+            bail!(
+                "text {} has {} tokens; the model's context holds {context} (max_position_embeddings)",
+                i + 1,
+                ids.len()
+            );
+        }
+        inputs.push(ids);
+    }
+    for ids in &inputs {
+        let vector = generator.embed(ids, args.dimensions)?;
+        print_line(&json!(vector).to_string())?;
+    }
+    Ok(())
 }
 
 fn perplexity<B: KernelBackend>(args: &PerplexityArgs) -> Result<()> {

@@ -14,17 +14,18 @@ use serde::{Deserialize, Serialize};
 use crate::generate::sampling::{Sampler, SamplingParams, logprobs};
 use crate::model::backend::KernelBackend;
 use crate::model::cache::{CacheError, KvCache, KvDtype};
-use crate::model::config::{ConfigError, GenerationConfig, LlamaConfig};
+use crate::model::config::{ConfigError, GenerationConfig, LlamaConfig, Pooling};
 use crate::model::llama::Llama;
 use crate::model::rope::Rope;
 use crate::text::grammar::{Constraint, Grammar, GrammarError, Grammars};
 use crate::text::tokenizer::{Tokenizer, TokenizerError};
-use crate::util::file_names::GENERATION_CONFIG_FILE;
+use crate::util::file_names::{GENERATION_CONFIG_FILE, POOLING_FILE};
 use crate::weights::artifact;
 use crate::weights::layout::{Kept, Weights};
 use crate::weights::load::Progress;
 use crate::weights::manifest::ArtifactError;
 
+mod embedding;
 pub mod sampling;
 mod scoring;
 mod sequence;
@@ -77,6 +78,30 @@ pub enum GenerateError {
         "the model's logits at position {position} are not finite (NaN or infinite): its weights or configuration are broken"
     )]
     NonFiniteLogits { position: usize },
+    #[error(
+        "this is an embedding model (a LlamaModel or Qwen3Model checkpoint, without lm_head): it cannot generate or score text; embed text with `runtime embed` or POST /v1/embeddings"
+    )]
+    EmbeddingModel,
+    #[error(
+        "the text is longer than the model's context: {tokens} tokens, at most {context} (max_position_embeddings)"
+    )]
+    TextTooLong { tokens: usize, context: usize },
+    #[error(
+        "the embedding cannot be cut to {dimensions} dimensions: this model's are {hidden}{}",
+        match .allowed.is_empty() {
+            true => " and it lists no shorter sizes (matryoshka_dimensions)".to_string(),
+            false => format!(", or one of {:?} (matryoshka_dimensions)", .allowed),
+        }
+    )]
+    Dimensions {
+        dimensions: usize,
+        hidden: usize,
+        allowed: Vec<usize>,
+    },
+    #[error(
+        "the embedding of position {position} is not finite (NaN or infinite): the model's weights or configuration are broken"
+    )]
+    NonFiniteEmbedding { position: usize },
 }
 
 impl From<GrammarError> for GenerateError {
@@ -155,6 +180,9 @@ pub struct Generator<B: KernelBackend> {
     pub kv_dtype: KvDtype,
     /// How products over quantized weights take their inputs.
     pub matmul: Matmul,
+    /// How a text's hidden states become its embedding ([`Self::embed`]): the artifact's
+    /// pooling.json, else the last token's, normalized.
+    pub pooling: Pooling,
     eos_ids: Vec<u32>,
     device: B::Device,
     /// Rotary tables shared by the caches made here (the same whichever cache reads them),
@@ -200,12 +228,15 @@ impl<B: KernelBackend> Generator<B> {
         for &id in &eos_ids {
             config.check_token_id(id, "end-of-sequence id")?;
         }
+        let pooling = Pooling::from_file(&dir.join(POOLING_FILE))?.unwrap_or_default();
+        pooling.check(config.hidden_size)?;
         Ok(Self {
             model,
             config,
             kept,
             kv_dtype: KvDtype::default(),
             matmul: Matmul::default(),
+            pooling,
             eos_ids,
             device: device.clone(),
             rope: Mutex::new(None),
@@ -215,6 +246,15 @@ impl<B: KernelBackend> Generator<B> {
 
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids
+    }
+
+    /// Refuses an embedding model, which has no lm_head: its logits would be the
+    /// embedding's rows against the hidden states, text that means nothing.
+    pub fn check_generates(&self) -> Result<(), GenerateError> {
+        if self.config.embedding_model {
+            return Err(GenerateError::EmbeddingModel);
+        }
+        Ok(())
     }
 
     /// An empty KV cache for `capacity` positions (its memory grows as they fill).
@@ -261,6 +301,7 @@ impl<B: KernelBackend> Generator<B> {
         cache: &mut KvCache<B>,
         wanted: WantedLogits,
     ) -> Result<Vec<f32>, GenerateError> {
+        self.check_generates()?;
         // Checked for the whole input, so a long one fails before any work.
         cache.check_room(1, ids.len())?;
         self.check_ids(ids)?;
@@ -361,6 +402,7 @@ impl<B: KernelBackend> Generator<B> {
         prompt: &[u32],
         options: GenerateOptions,
     ) -> Result<Sequence<'t, B>, GenerateError> {
+        self.check_generates()?;
         let context = self.config.max_position_embeddings;
         if prompt.is_empty() {
             return Err(GenerateError::EmptyPrompt);

@@ -12,3 +12,7 @@ pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 /// loaded instead of it when listed. Optional: an artifact from before it loads from the
 /// record.
 pub const WEIGHTS_FILE: &str = "weights.bin";
+/// How an embedding model pools its hidden states into one vector (`model::config::pooling`),
+/// written by the converter from sentence-transformers' modules, or its default. Optional:
+/// a generation model has none.
+pub const POOLING_FILE: &str = "pooling.json";

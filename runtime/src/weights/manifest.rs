@@ -19,8 +19,8 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::config::ConfigError;
 use crate::util::file_names::{
-    CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, TOKENIZER_CONFIG_FILE,
-    TOKENIZER_FILE, WEIGHTS_FILE,
+    CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, POOLING_FILE,
+    TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
 };
 use crate::util::files::{FileError, read_text_bounded};
 
@@ -30,7 +30,12 @@ pub const FORMAT_VERSION: u32 = 1;
 /// Files every artifact has, besides the manifest.
 pub const REQUIRED_FILES: [&str; 3] = [MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE];
 /// Files an artifact has when its checkpoint had them.
-pub const OPTIONAL_FILES: [&str; 3] = [GENERATION_CONFIG_FILE, TOKENIZER_CONFIG_FILE, WEIGHTS_FILE];
+pub const OPTIONAL_FILES: [&str; 4] = [
+    GENERATION_CONFIG_FILE,
+    TOKENIZER_CONFIG_FILE,
+    WEIGHTS_FILE,
+    POOLING_FILE,
+];
 
 /// Largest manifest we read: a real one is a few KB.
 pub const MANIFEST_LIMIT: u64 = 1 << 20;

@@ -43,6 +43,12 @@ const FAMILIES: [(&str, &str, Family); 7] = [
     ("Phi3ForCausalLM", "phi3", Family::Phi3),
 ];
 
+/// Base models without an lm_head, saved as transformers' `LlamaModel` / `Qwen3Model` (an
+/// embedding model: Qwen3-Embedding, sentence-transformers' decoders): (`architectures`
+/// entry, family). They embed text and generate none.
+const EMBEDDING_MODELS: [(&str, Family); 2] =
+    [("LlamaModel", Family::Llama), ("Qwen3Model", Family::Qwen3)];
+
 impl Family {
     /// The transformers class of the family.
     pub(super) fn architecture(self) -> &'static str {
@@ -52,6 +58,9 @@ impl Family {
 
     /// The family `hf` names: its first `architectures` entry, or `model_type` without one.
     pub(super) fn of(hf: &HfConfig) -> Result<Self, ConfigError> {
+        if let Some(family) = embedding_family(hf) {
+            return Ok(family);
+        }
         let known = match hf.architectures.first() {
             Some(name) => FAMILIES.iter().find(|(arch, ..)| arch == name),
             None => (hf.model_type.as_deref())
@@ -65,6 +74,14 @@ impl Family {
             )
         })
     }
+}
+
+/// The family of an embedding model (its first `architectures` entry a base model without
+/// lm_head, [`EMBEDDING_MODELS`]), or `None` for a model that generates.
+pub(super) fn embedding_family(hf: &HfConfig) -> Option<Family> {
+    let name = hf.architectures.first()?;
+    let listed = EMBEDDING_MODELS.iter().find(|(arch, _)| arch == name);
+    listed.map(|&(_, family)| family)
 }
 
 /// The activation transformers' `ACT2FN` names `name`.

@@ -78,6 +78,9 @@ pub struct HfConfig {
     pub use_bidirectional_attention: Option<bool>,
     pub bos_token_id: Option<u32>,
     pub eos_token_id: Option<TokenIds>,
+    /// An embedding model's sizes its embeddings may be cut to (Matryoshka training; as
+    /// jina-embeddings-v3's config.json lists them and vLLM reads them).
+    pub matryoshka_dimensions: Option<Vec<usize>>,
 }
 
 /// Deserializes a key that is present, `null` included, as `Some`: with `#[serde(default)]`

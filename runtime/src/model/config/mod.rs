@@ -13,11 +13,15 @@ use crate::util::files::FileError;
 mod family;
 mod frequencies;
 mod hf;
+pub mod pooling;
 
 pub use family::Family;
-use family::{activation_named, gemma_full_attention_layers, layers_without_rope};
+use family::{
+    activation_named, embedding_family, gemma_full_attention_layers, layers_without_rope,
+};
 pub use frequencies::rope_frequencies;
 pub use hf::{GenerationConfig, HfConfig, RopeField, RopeParameters, TokenIds};
+pub use pooling::{Pooling, PoolingMode};
 
 /// Largest config.json we read: real ones are a few KB.
 pub const CONFIG_LIMIT: u64 = 1 << 20;
@@ -42,7 +46,7 @@ pub enum ConfigError {
     #[error(
         "unsupported architecture {0}: supported are LlamaForCausalLM, MistralForCausalLM, \
          Qwen2ForCausalLM, Qwen3ForCausalLM, SmolLM3ForCausalLM, Gemma3ForCausalLM and \
-         Phi3ForCausalLM"
+         Phi3ForCausalLM, and the embedding models LlamaModel and Qwen3Model"
     )]
     Architecture(String),
     #[error("invalid config: {0}")]
@@ -220,7 +224,14 @@ pub struct LlamaConfig {
     /// multiplies by, so nothing after the converter reads this.
     pub unit_offset_norms: bool,
     pub max_position_embeddings: usize,
+    /// lm_head is the embedding (transposed). Always so for an [`Self::embedding_model`],
+    /// which has no lm_head: the converter writes the record's as the embedding, which the
+    /// weights file does not store, so nothing is added to the artifact for it.
     pub tie_word_embeddings: bool,
+    /// A base model without lm_head (config.json's `architectures`: `LlamaModel`,
+    /// `Qwen3Model`): it embeds text (its final-norm hidden states pooled,
+    /// [`Pooling`]) and generates none.
+    pub embedding_model: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
 }
@@ -269,6 +280,7 @@ impl LlamaConfig {
             unit_offset_norms: false,
             max_position_embeddings,
             tie_word_embeddings: false,
+            embedding_model: false,
             bos_token_id: None,
             eos_token_ids: Vec::new(),
         }
@@ -565,6 +577,7 @@ impl LlamaConfig {
             _ => Vec::new(),
         };
         let tied_by_default = matches!(family, Family::Gemma3 | Family::SmolLM3);
+        let embedding_model = embedding_family(hf).is_some();
         Ok(Self {
             hidden_size: hf.hidden_size,
             intermediate_size: hf.intermediate_size,
@@ -588,7 +601,9 @@ impl LlamaConfig {
             embedding_scale: gemma.then(|| (hf.hidden_size as f64).sqrt() as f32),
             unit_offset_norms: gemma,
             max_position_embeddings: hf.max_position_embeddings,
-            tie_word_embeddings: hf.tie_word_embeddings.unwrap_or(tied_by_default),
+            tie_word_embeddings: embedding_model
+                || hf.tie_word_embeddings.unwrap_or(tied_by_default),
+            embedding_model,
             bos_token_id: hf.bos_token_id,
             eos_token_ids: hf
                 .eos_token_id

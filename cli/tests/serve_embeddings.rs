@@ -12,7 +12,7 @@ use std::process::{Command, Stdio};
 use base64::Engine as _;
 use serde_json::{Value, json};
 
-use common::{Server, artifact_dir, chat_body, has_openai_client};
+use common::{Server, artifact_dir, chat_body, has_openai_client, run_client};
 
 fn fixture_dir(name: &str) -> std::path::PathBuf {
     std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
@@ -359,19 +359,10 @@ fn openai_python_client_embeds() {
     }
     let (_tmp, dir) = converted("embed-llama");
     let server = Server::start(&dir, &["--api-key", "sesame"]);
-    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/openai_embeddings.py");
     let fixture = fixture_dir("embed-llama").join("embeddings.json");
-    let out = Command::new("python3")
-        .arg(script)
-        .arg(format!("http://{}/v1", server.address))
-        .arg("sesame")
-        .arg(fixture)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+    run_client(
+        "openai_embeddings.py",
+        &format!("http://{}/v1", server.address),
+        &[fixture.to_str().unwrap()],
     );
 }

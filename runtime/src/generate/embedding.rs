@@ -40,7 +40,8 @@ impl<B: KernelBackend> Generator<B> {
                 .map_err(|e| GenerateError::Backend(format!("cannot read hidden states: {e:?}")))?;
             rows.extend(states);
         }
-        if let Some(position) = rows.chunks_exact(hidden).position(|row| !all_finite(row)) {
+        let finite = |row: &[f32]| row.iter().all(|v| v.is_finite());
+        if let Some(position) = rows.chunks_exact(hidden).position(|row| !finite(row)) {
             return Err(GenerateError::NonFiniteEmbedding { position });
         }
         Ok(self.pooling.pool(&rows, hidden, dimensions))
@@ -62,9 +63,4 @@ impl<B: KernelBackend> Generator<B> {
             _ => Ok(()),
         }
     }
-}
-
-/// Whether every value of `row` is finite.
-fn all_finite(row: &[f32]) -> bool {
-    row.iter().map(|&v| v * 0.0).sum::<f32>() == 0.0
 }

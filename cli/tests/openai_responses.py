@@ -5,8 +5,8 @@ serve_responses.rs's `openai_python_client_responses`), through the client's own
 With `tools` (a server whose chat template teaches tool calls): `responses.create` for text,
 `responses.stream` (the events in order, the final text equal to the non-streamed answer at
 temperature 0), `responses.parse` with a Pydantic model as `text_format`, a forced tool call
-whose arguments are valid, sent back with its output and answered; refusals as the client's
-typed exceptions.
+whose arguments are valid, sent back with its output and answered; Codex CLI's tools (a
+namespace, web search); refusals as the client's typed exceptions.
 
 With `reasoning` (a server whose template opens the answer's `<think>` section): the answer
 as a reasoning item, streamed as `reasoning_text` deltas, and sent back in the next turn.
@@ -88,7 +88,7 @@ def text():
 
     for bad, param in [(dict(previous_response_id="resp_1"), "previous_response_id"),
                        (dict(tool_choice="required"), "tool_choice"),
-                       (dict(include=["reasoning.encrypted_content"]), "include"),
+                       (dict(include=["message.output_text.logprobs"]), "include"),
                        (dict(extra_body={"colour": 1}), None)]:
         try:
             client.responses.create(model=model, input=question, max_output_tokens=2, **bad)
@@ -172,6 +172,25 @@ def tool_calls():
     assert answer.output, answer
     assert answer.usage.input_tokens > whole.usage.input_tokens + 20, (answer, whole)
     assert answer.usage.input_tokens_details.cached_tokens > 0, answer
+
+    # As Codex CLI asks: a function inside a namespace, OpenAI's web search beside it (not
+    # offered: this server runs none), encrypted reasoning asked for, the client's metadata.
+    # The call comes back in its namespace, and is read back by the next request.
+    codex = dict(model=model, input=ask, temperature=0, max_output_tokens=80,
+                 tools=[{"type": "namespace", "name": "forecasts", "description": "Forecasts.",
+                         "tools": [dict(tools[0], strict=False)]},
+                        {"type": "web_search", "external_web_access": False}],
+                 tool_choice={"type": "function", "name": "get_weather"},
+                 include=["reasoning.encrypted_content"],
+                 extra_body={"client_metadata": {"session_id": "s1"}})
+    spaced = client.responses.create(**codex)
+    [call] = spaced.output
+    assert (call.name, call.namespace) == ("get_weather", "forecasts"), spaced
+    check(json.loads(call.arguments), weather)
+    output = dict(output, call_id=call.call_id)
+    again = client.responses.create(**dict(codex, input=ask + spaced.output + [output],
+                                           tool_choice="auto", max_output_tokens=8))
+    assert again.status in ("completed", "incomplete"), again
 
 
 def reasoning():

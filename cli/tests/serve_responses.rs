@@ -291,12 +291,9 @@ fn errors_name_the_field() {
             "does not run",
         ),
         (
-            with(
-                "tools",
-                json!([{"type": "file_search", "vector_store_ids": []}]),
-            ),
+            with("tools", json!([{"type": "custom", "name": "apply_patch"}])),
             json!("tools"),
-            "runs none",
+            "does not offer",
         ),
         (
             with("reasoning", json!({"effort": "high"})),

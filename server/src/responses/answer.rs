@@ -22,7 +22,7 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc as async_mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use super::request::Echo;
+use super::request::{Echo, Namespaces};
 use crate::engine::Event;
 use crate::error::ApiError;
 use crate::reply::{Reading, Said, WAITING};
@@ -42,11 +42,13 @@ enum Item {
         id: String,
         text: String,
     },
-    /// A call's arguments are the model's JSON (its keys in the order it wrote them).
+    /// A call's arguments are the model's JSON (its keys in the order it wrote them); its
+    /// namespace, that of the function offered in one.
     Call {
         id: String,
         call_id: String,
         name: String,
+        namespace: Option<String>,
         arguments: String,
     },
 }
@@ -73,11 +75,18 @@ impl Item {
                 id,
                 call_id,
                 name,
+                namespace,
                 arguments,
-            } => json!({
-                "id": id, "type": "function_call", "call_id": call_id, "name": name,
-                "arguments": arguments, "status": status,
-            }),
+            } => {
+                let mut item = json!({
+                    "id": id, "type": "function_call", "call_id": call_id, "name": name,
+                    "arguments": arguments, "status": status,
+                });
+                if let Some(namespace) = namespace {
+                    item["namespace"] = namespace.as_str().into();
+                }
+                item
+            }
         }
     }
 
@@ -122,6 +131,8 @@ struct Output {
     open: Option<Item>,
     /// Whitespace waiting for the text it precedes.
     space: String,
+    /// The namespaces of the functions offered in one.
+    namespaces: Namespaces,
 }
 
 impl Output {
@@ -178,6 +189,7 @@ impl Output {
         let item = Item::Call {
             id: new_id("fc"),
             call_id: new_id("call"),
+            namespace: self.namespaces.get(&call.name).cloned(),
             name: call.name,
             arguments: call.arguments,
         };
@@ -332,11 +344,12 @@ pub(crate) struct Answer {
 
 impl Answer {
     /// The answer of `model` (as the request named it), echoing `echo`, its text read by
-    /// `reading` (if for more than text).
+    /// `reading` (if for more than text), its calls in `namespaces`.
     pub fn new(
         model: String,
         echo: Echo,
         reading: Option<Reading>,
+        namespaces: Namespaces,
         grammar_param: &'static str,
     ) -> Self {
         Self {
@@ -347,7 +360,10 @@ impl Answer {
             model,
             echo,
             reading,
-            output: Output::default(),
+            output: Output {
+                namespaces,
+                ..Output::default()
+            },
             reasoned: Reasoned::default(),
             grammar_param,
         }
@@ -581,7 +597,9 @@ mod tests {
             parallel: true,
         };
         let reading = Reading::new(Thinking::Split, Some(&tools));
-        Answer::new("m".into(), echo(), reading, "tools")
+        // Offered in a namespace, as Codex CLI offers some of its tools.
+        let namespaces = Namespaces::from([("get_weather".into(), "weather".into())]);
+        Answer::new("m".into(), echo(), reading, namespaces, "tools")
     }
 
     fn whole(answer: Answer, events: async_mpsc::UnboundedReceiver<Event>) -> (u16, Value) {
@@ -708,6 +726,7 @@ mod tests {
             );
             assert_eq!(output[2]["arguments"], r#"{"city":"Paris","days":2}"#);
             assert_eq!(output[3]["name"], "get_weather");
+            assert_eq!(output[3]["namespace"], "weather");
             assert_ne!(output[2]["call_id"], output[3]["call_id"]);
             assert!(output.iter().all(|i| i["status"] == "completed"));
             assert_eq!(
@@ -761,7 +780,7 @@ mod tests {
     /// Whitespace alone is no message; before text, it is the text's.
     #[test]
     fn an_answer_cut_short_is_incomplete() {
-        let plain = || Answer::new("m".into(), echo(), None, "text.format");
+        let plain = || Answer::new("m".into(), echo(), None, Namespaces::new(), "text.format");
         let (_, cut) = whole(plain(), events("Hi there", 3, StopReason::Length, 2));
         assert_eq!(cut["status"], "incomplete");
         assert_eq!(
@@ -815,7 +834,7 @@ mod tests {
             sender.send(event).unwrap();
             receiver
         };
-        let plain = || Answer::new("m".into(), echo(), None, "text.format");
+        let plain = || Answer::new("m".into(), echo(), None, Namespaces::new(), "text.format");
         let (status, body) = whole(plain(), failing(Event::Failed("out of memory".into())));
         assert_eq!(
             (status, &body["error"]["type"]),

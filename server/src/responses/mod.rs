@@ -44,7 +44,11 @@ async fn answer(
     let loaded = ready(state)?;
     let body = body.map_err(|e| ApiError::with_status(e.status(), e.body_text()))?;
     let thinks = Thinks::of(loaded.tokenizer.chat_template());
-    let (request, echo) = request::parse(&body, thinks)?;
+    let request::Parsed {
+        request,
+        echo,
+        namespaces,
+    } = request::parse(&body, thinks)?;
     // Echoed as OpenAI echoes it: the served model's name or the alias the request gave.
     let model = (request.model.clone()).unwrap_or_else(|| state.options.model.clone());
     let param = grammar_param(&request);
@@ -56,7 +60,7 @@ async fn answer(
         ..
     } = start(state, headers, request).await?;
     let reading = Reading::new(thinking(state, opens_thinking), tools.as_ref());
-    let answer = Answer::new(model, echo, reading, param);
+    let answer = Answer::new(model, echo, reading, namespaces, param);
     // One prompt, one choice: one job.
     let events = events.pop().expect("a job");
     Ok(match request.stream {

@@ -8,6 +8,8 @@
 //! are refused, and `store` is answered `false`. As for a chat, a field this server does
 //! not act on is refused by name. What the response object echoes is kept in an [`Echo`].
 
+use std::collections::HashMap;
+
 use runtime::text::chat::{Arguments, FunctionCall, Message, ToolCall};
 use serde_json::{Map, Value, json};
 
@@ -15,15 +17,31 @@ use crate::api::{self, Prompt, Request, take};
 use crate::error::ApiError;
 use crate::routes::Thinks;
 
-/// Fields accepted with no effect: who the caller is (`user`, echoed, is too), and a hint
-/// for OpenAI's cache routing (the cache of every finished request is kept here anyway).
-const HARMLESS: [&str; 2] = ["safety_identifier", "prompt_cache_key"];
+/// Fields accepted with no effect: who the caller is (`user`, echoed, is too), a hint for
+/// OpenAI's cache routing (the cache of every finished request is kept here anyway), and
+/// the client's own notes on the request (Codex CLI sends its session's).
+const HARMLESS: [&str; 3] = ["safety_identifier", "prompt_cache_key", "client_metadata"];
+
+/// What `include` may ask for. `reasoning.encrypted_content` (which a stateless client of
+/// OpenAI's asks for to send the reasoning back next turn) adds nothing: the reasoning items
+/// carry their text, which the client sends back instead.
+const INCLUDABLE: [&str; 1] = ["reasoning.encrypted_content"];
 
 /// The fields the response object repeats from the request, in OpenAI's shapes.
 pub(crate) type Echo = Map<String, Value>;
 
-/// Reads a Responses API body: the request to run and what its answer echoes.
-pub(crate) fn parse(body: &[u8], thinks: Thinks) -> Result<(Request, Echo), ApiError> {
+/// A Responses API body, read.
+pub(crate) struct Parsed {
+    /// The chat request to run.
+    pub request: Request,
+    /// What the answer echoes.
+    pub echo: Echo,
+    /// The namespaces of the functions offered in one, for the calls' items.
+    pub namespaces: Namespaces,
+}
+
+/// Reads a Responses API body.
+pub(crate) fn parse(body: &[u8], thinks: Thinks) -> Result<Parsed, ApiError> {
     let mut fields = api::object(body)?;
     for stateful in ["previous_response_id", "conversation"] {
         if take::<Value>(&mut fields, stateful)?.is_some() {
@@ -45,8 +63,13 @@ pub(crate) fn parse(body: &[u8], thinks: Thinks) -> Result<(Request, Echo), ApiE
     messages.extend(conversation(input, thinks)?);
     echo.insert("instructions".into(), instructions.into());
 
-    let (tools, offered, choice) = tools(&mut fields)?;
-    echo.insert("tools".into(), offered.into());
+    let Offered {
+        tools,
+        echoed,
+        choice,
+        namespaces,
+    } = tools(&mut fields)?;
+    echo.insert("tools".into(), echoed.into());
     echo.insert("tool_choice".into(), choice);
     echo.insert(
         "parallel_tool_calls".into(),
@@ -99,10 +122,10 @@ pub(crate) fn parse(body: &[u8], thinks: Thinks) -> Result<(Request, Echo), ApiE
     }
     echo.insert("truncation".into(), "disabled".into());
     let include: Vec<String> = take(&mut fields, "include")?.unwrap_or_default();
-    if let Some(first) = include.first() {
+    if let Some(other) = include.iter().find(|i| !INCLUDABLE.contains(&i.as_str())) {
         return Err(ApiError::invalid_field(
             "include",
-            format!("include {first:?} is not supported: this server adds nothing to its output"),
+            format!("include {other:?} is not supported: this server adds nothing to its output"),
         ));
     }
     let stream = take(&mut fields, "stream")?.unwrap_or(false);
@@ -131,7 +154,11 @@ pub(crate) fn parse(body: &[u8], thinks: Thinks) -> Result<(Request, Echo), ApiE
         template_kwargs,
         fit_context: false,
     };
-    Ok((request, echo))
+    Ok(Parsed {
+        request,
+        echo,
+        namespaces,
+    })
 }
 
 fn required(field: &'static str) -> ApiError {
@@ -244,6 +271,8 @@ fn conversation(input: Value, thinks: Thinks) -> Result<Vec<Message>, ApiError> 
                 }
             }
             "function_call" => {
+                // Offered by its own name (`tools`), so called by it.
+                item.remove("namespace");
                 let call_id = string(&mut item, "call_id")?;
                 let name = string(&mut item, "name")?;
                 let arguments = string(&mut item, "arguments")?;
@@ -353,49 +382,92 @@ fn text_parts(value: Value, kinds: &[&str], i: usize) -> Result<String, ApiError
     Ok(text)
 }
 
-/// `tools` (flat function tools), `tool_choice` and `parallel_tool_calls`, checked as a
-/// chat's: the tools as [`api::tools`] takes them, the tools and choice as the response
-/// echoes them. Tools OpenAI's servers run (web search, file search...) are refused.
-fn tools(
-    fields: &mut Map<String, Value>,
-) -> Result<(Option<api::Tools>, Vec<Value>, Value), ApiError> {
-    let offered: Vec<Value> = take(fields, "tools")?.unwrap_or_default();
+/// Tool types OpenAI's servers run. Accepted and not offered to the model: this server runs
+/// none, so the model answers without them, as it would choosing not to use them (clients
+/// such as Codex CLI offer web search with every request). A `tool_choice` naming one is
+/// refused.
+const HOSTED_TOOLS: [&str; 9] = [
+    "web_search",
+    "web_search_preview",
+    "web_search_2025_08_26",
+    "web_search_preview_2025_03_11",
+    "file_search",
+    "code_interpreter",
+    "image_generation",
+    "mcp",
+    "tool_search",
+];
+
+/// The namespace each function offered inside one is called in (`namespace` tools, which
+/// Codex CLI sends): the function's name to its namespace's. A call of it is answered with
+/// its `namespace`, as OpenAI's function_call items carry it.
+pub(crate) type Namespaces = HashMap<String, String>;
+
+/// The tools as a chat takes them, as the response echoes them, the choice as echoed, and
+/// the namespaces of namespaced functions.
+struct Offered {
+    tools: Option<api::Tools>,
+    echoed: Vec<Value>,
+    choice: Value,
+    namespaces: Namespaces,
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`, checked as a chat's ([`api::tools`]):
+/// flat function tools, and the function tools of a `namespace` offered by their own names
+/// (which must not repeat). Tools OpenAI's servers run ([`HOSTED_TOOLS`]) are not offered;
+/// other kinds (`custom`, `local_shell`, ...) are refused.
+fn tools(fields: &mut Map<String, Value>) -> Result<Offered, ApiError> {
+    let echoed: Vec<Value> = take(fields, "tools")?.unwrap_or_default();
     let refused = |message: String| ApiError::invalid_field("tools", message);
-    let mut functions = Vec::with_capacity(offered.len());
-    for (i, tool) in offered.iter().enumerate() {
+    let mut functions = Vec::with_capacity(echoed.len());
+    let mut namespaces = Namespaces::new();
+    for (i, tool) in echoed.iter().enumerate() {
         let Some(tool) = tool.as_object() else {
             return Err(refused(format!("tools[{i}] must be an object")));
         };
         let mut tool = tool.clone();
         match tool.remove("type") {
-            Some(kind) if kind == "function" => {}
-            Some(kind) if kind == "namespace" => {
-                return Err(refused(format!(
-                    "tools[{i}] is a namespace: this server reads function tools given one by one in tools"
-                )));
+            Some(kind) if kind == "function" => {
+                functions.push(function_tool(tool, &format!("tools[{i}]"))?);
             }
+            Some(kind) if kind == "namespace" => {
+                let name = match tool.remove("name") {
+                    Some(Value::String(name)) if !name.is_empty() => name,
+                    _ => return Err(refused(format!("tools[{i}] needs a name, a string"))),
+                };
+                tool.remove("description");
+                let Some(Value::Array(inner)) = tool.remove("tools") else {
+                    return Err(refused(format!("tools[{i}] needs tools, a list")));
+                };
+                if let Some(key) = tool.keys().next() {
+                    return Err(refused(format!(
+                        "tools[{i}].{key} is not supported by this server"
+                    )));
+                }
+                for (j, function) in inner.into_iter().enumerate() {
+                    let at = format!("tools[{i}].tools[{j}]");
+                    let Value::Object(mut function) = function else {
+                        return Err(refused(format!("{at} must be an object")));
+                    };
+                    if function.remove("type") != Some("function".into()) {
+                        return Err(refused(format!(
+                            "{at}: a namespace's tools must be function tools here"
+                        )));
+                    }
+                    if let Some(Value::String(function)) = function.get("name") {
+                        namespaces.insert(function.clone(), name.clone());
+                    }
+                    functions.push(function_tool(function, &at)?);
+                }
+            }
+            Some(Value::String(kind)) if HOSTED_TOOLS.contains(&kind.as_str()) => {}
             Some(kind) => {
                 return Err(refused(format!(
-                    "tools[{i}] is of type {kind}, a tool OpenAI's servers run; this server runs none (give function tools)"
+                    "tools[{i}] is of type {kind}, which this server does not offer: it takes function and namespace tools (and accepts, without running them, the tools OpenAI's servers run)"
                 )));
             }
             None => return Err(refused(format!("tools[{i}] needs a type"))),
         }
-        let mut function = Map::new();
-        for key in ["name", "description", "parameters", "strict"] {
-            match tool.remove(key) {
-                None | Some(Value::Null) => {}
-                Some(value) => {
-                    function.insert(key.into(), value);
-                }
-            }
-        }
-        if let Some(key) = tool.keys().next() {
-            return Err(refused(format!(
-                "tools[{i}].{key} is not supported by this server"
-            )));
-        }
-        functions.push(json!({"type": "function", "function": function}));
     }
     let choice: Option<Value> = take(fields, "tool_choice")?;
     let parallel: Option<bool> = take(fields, "parallel_tool_calls")?;
@@ -407,8 +479,33 @@ fn tools(
     if let Some(parallel) = parallel {
         chat.insert("parallel_tool_calls".into(), parallel.into());
     }
-    let tools = api::tools(&mut chat)?;
-    Ok((tools, offered, choice.unwrap_or_else(|| "auto".into())))
+    Ok(Offered {
+        tools: api::tools(&mut chat)?,
+        echoed,
+        choice: choice.unwrap_or_else(|| "auto".into()),
+        namespaces,
+    })
+}
+
+/// A flat function tool (its `type` taken) as a chat's: `name`, `description`, `parameters`
+/// and `strict` under `function`; any other key refused, naming it `at.key`.
+fn function_tool(mut tool: Map<String, Value>, at: &str) -> Result<Value, ApiError> {
+    let mut function = Map::new();
+    for key in ["name", "description", "parameters", "strict"] {
+        match tool.remove(key) {
+            None | Some(Value::Null) => {}
+            Some(value) => {
+                function.insert(key.into(), value);
+            }
+        }
+    }
+    if let Some(key) = tool.keys().next() {
+        return Err(ApiError::invalid_field(
+            "tools",
+            format!("{at}.{key} is not supported by this server"),
+        ));
+    }
+    Ok(json!({"type": "function", "function": function}))
 }
 
 /// The Responses API's `tool_choice` as a chat's: the same strings; `{"type": "function",
@@ -539,6 +636,10 @@ mod tests {
     use runtime::text::grammar::Grammar;
 
     fn parse_with(extra: Value, thinks: Thinks) -> Result<(Request, Echo), ApiError> {
+        parsed_with(extra, thinks).map(|parsed| (parsed.request, parsed.echo))
+    }
+
+    fn parsed_with(extra: Value, thinks: Thinks) -> Result<Parsed, ApiError> {
         let mut body = json!({"model": "m", "input": "Hi"});
         for (key, value) in extra.as_object().unwrap() {
             body[key] = value.clone();
@@ -697,14 +798,27 @@ mod tests {
                 "must be none, auto",
             ),
             (
-                json!({"tools": [{"type": "web_search"}]}),
+                json!({"tools": [{"type": "custom", "name": "apply_patch"}]}),
                 "tools",
-                "runs none",
+                "type \"custom\", which this server does not offer",
             ),
             (
-                json!({"tools": [{"type": "namespace", "name": "n", "tools": []}]}),
+                json!({"tools": [{"type": "function", "name": "f"},
+                    {"type": "namespace", "name": "n", "tools": [
+                    {"type": "function", "name": "f"}]}]}),
                 "tools",
-                "namespace",
+                "two tools are named \"f\"",
+            ),
+            (
+                json!({"tools": [{"type": "namespace", "name": "n", "tools": [
+                    {"type": "custom", "name": "c"}]}]}),
+                "tools",
+                "tools[0].tools[0]: a namespace's tools must be function tools",
+            ),
+            (
+                json!({"tools": [{"type": "namespace", "name": "n"}]}),
+                "tools",
+                "tools[0] needs tools",
             ),
             (
                 json!({"tools": [{"type": "function", "name": "f", "colour": 1}]}),
@@ -740,6 +854,48 @@ mod tests {
             read(json!({"tool_choice": "none", "text": {"format": {"type": "json_object"}}}))
                 .unwrap();
         assert_eq!(none.choice, ToolChoice::None);
+    }
+
+    /// Codex CLI's tools: a namespace's functions are offered by their own names and their
+    /// calls answered in it; a hosted tool (web search) is echoed but not offered.
+    #[test]
+    fn namespaced_functions_are_offered_and_hosted_tools_are_not() {
+        let tools = json!([
+            {"type": "function", "name": "exec_command", "parameters": {"type": "object"}},
+            {"type": "namespace", "name": "agents", "description": "Sub-agents.", "tools": [
+                {"type": "function", "name": "spawn_agent", "strict": false,
+                 "parameters": {"type": "object", "properties": {"task": {"type": "string"}}}}]},
+            {"type": "web_search", "external_web_access": false}]);
+        let parsed = parsed_with(
+            json!({"tools": tools, "tool_choice": {"type": "function", "name": "spawn_agent"}}),
+            Thinks::Never,
+        )
+        .unwrap();
+        let offered = parsed.request.tools.unwrap();
+        let names: Vec<&str> = (offered.functions.iter())
+            .map(|f| f.name.as_str())
+            .collect();
+        assert_eq!(names, ["exec_command", "spawn_agent"]);
+        assert_eq!(offered.choice, ToolChoice::Function("spawn_agent".into()));
+        assert_eq!(
+            parsed.namespaces,
+            Namespaces::from([("spawn_agent".into(), "agents".into())])
+        );
+        assert_eq!(parsed.echo["tools"], tools);
+        // Hosted tools alone offer nothing; forcing one is refused.
+        let (request, _) =
+            parse_with(json!({"tools": [{"type": "web_search"}]}), Thinks::Never).unwrap();
+        assert!(request.tools.is_none());
+        let error = error(json!({"tools": [{"type": "web_search"}],
+                                 "tool_choice": {"type": "web_search"}}));
+        assert_eq!(error.param, Some("tool_choice"));
+        // A namespaced call sent back is read by its name.
+        let input = json!([{"role": "user", "content": "Go."},
+            {"type": "function_call", "call_id": "c1", "name": "spawn_agent",
+             "namespace": "agents", "arguments": "{}"}]);
+        let (request, _) = parse_with(json!({"input": input}), Thinks::Never).unwrap();
+        let calls = messages_of(&request)[1].tool_calls.as_ref().unwrap();
+        assert_eq!(calls[0].function.name, "spawn_agent");
     }
 
     #[test]
@@ -828,8 +984,9 @@ mod tests {
     fn what_is_not_acted_on_is_refused_by_name() {
         let extra = json!({"max_output_tokens": 7, "temperature": 0, "top_p": 0.5, "store": true,
                            "metadata": {"k": "v"}, "user": "u", "truncation": "disabled",
-                           "include": [], "stream": true, "prompt_cache_key": "c",
-                           "safety_identifier": "s"});
+                           "include": ["reasoning.encrypted_content"], "stream": true,
+                           "prompt_cache_key": "c", "safety_identifier": "s",
+                           "client_metadata": {"session_id": "x"}});
         let (request, echo) = parse_with(extra, Thinks::Never).unwrap();
         assert_eq!(request.max_tokens, Some(7));
         assert_eq!(request.max_tokens_param, "max_output_tokens");
@@ -872,9 +1029,9 @@ mod tests {
                 "not supported",
             ),
             (
-                json!({"include": ["reasoning.encrypted_content"]}),
+                json!({"include": ["message.output_text.logprobs"]}),
                 Some("include"),
-                "reasoning.encrypted_content",
+                "message.output_text.logprobs",
             ),
             (
                 json!({"metadata": {"k": 1}}),

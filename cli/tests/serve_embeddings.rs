@@ -217,6 +217,39 @@ fn malformed_embedding_requests_are_refused_naming_the_field() {
     assert_eq!(answer["error"]["code"], "context_length_exceeded");
 }
 
+/// The server's guards hold on this route as on the others (the API key, the content type,
+/// the body limit, each in OpenAI's envelope) and its routed answers are counted by route
+/// (the key and the body's length are checked before routing, so not counted there).
+#[test]
+fn embeddings_pass_the_guards_and_are_counted_by_route() {
+    let (_tmp, dir) = converted("embed-llama");
+    let server = Server::start(&dir, &["--api-key", "sesame", "--body-limit", "4096"]);
+    let key = "Authorization: Bearer sesame";
+    let body = json!({"input": "w5 w6"}).to_string();
+    let big = json!({"input": "w5 ".repeat(2000)}).to_string();
+    for (headers, body, status) in [
+        (vec![], body.as_str(), 401),
+        (vec!["Authorization: Bearer wrong"], body.as_str(), 401),
+        (vec![key, "Content-Type: text/plain"], body.as_str(), 415),
+        (vec![key], big.as_str(), 413),
+        (vec![key], body.as_str(), 200),
+    ] {
+        let (got, answer) = server.request("POST", "/v1/embeddings", &headers, body.as_bytes());
+        let answer: Value = serde_json::from_slice(&answer).unwrap_or(Value::Null);
+        assert_eq!(got, status, "{headers:?}: {answer}");
+        if status != 200 {
+            assert!(answer["error"]["message"].is_string(), "{answer}");
+        }
+    }
+    let metrics = String::from_utf8(server.get("/metrics").1).unwrap();
+    for line in [
+        r#"runtime_http_responses_total{route="/v1/embeddings",status="200"} 1"#,
+        r#"runtime_http_responses_total{route="/v1/embeddings",status="415"} 1"#,
+    ] {
+        assert!(metrics.contains(line), "{line} not in {metrics}");
+    }
+}
+
 /// `runtime embed` prints, a JSON line a text, the bits the server answers, from `--text`
 /// and from stdin's lines; with a Matryoshka model cut to a listed size, both give
 /// sentence-transformers' `truncate_dim` vectors.

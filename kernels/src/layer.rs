@@ -114,20 +114,26 @@ pub struct LayerShape {
 }
 
 /// One layer's KV cache for one sequence: `keys` and `values` hold `capacity` positions of
-/// `n_kv_heads * head_dim` each, stored as `S`; the token is written at `position`.
+/// `n_kv_heads * head_dim` each, stored as `S`; its `rows` tokens are written at `position`,
+/// `position + 1`, ...
 pub struct KvSlot<'a, S> {
     pub keys: &'a mut [S],
     pub values: &'a mut [S],
     pub position: usize,
+    pub rows: usize,
 }
 
-/// The layer's forward pass for one token of each of a batch of sequences: `x` (`[n,
-/// hidden]`, their residual streams) is updated in place, and each token's key and value
-/// are written into its sequence's cache (`caches[b]`, positions may differ). `rope[b]` is
-/// the rotary tables' rows (`cos`, `sin`, `[head_dim]` each) for token `b`'s position.
+/// The layer's forward pass for the next tokens of each of a batch of sequences: `x` (`[n,
+/// hidden]`, their residual streams, each sequence's `rows` in order) is updated in place,
+/// and each token's key and value are written into its sequence's cache (`caches[b]`,
+/// positions may differ). `rope[r]` is the rotary tables' rows (`cos`, `sin`, `[head_dim]`
+/// each) for row `r`'s position.
 ///
 /// The weights are read once for the whole batch (`matvecs`), and every row's arithmetic is
-/// what it is alone, so a sequence's output is the same, bit for bit, in any batch.
+/// what it is alone, so a sequence's output is the same, bit for bit, in any batch; and a
+/// sequence's `k` rows give, row by row, the bits `k` passes of one row each give (each row
+/// attends to the positions up to its own, as if the rows after it were not there yet):
+/// checking several drafted tokens costs one read of the weights and changes no bit.
 /// Projections are `d_out` contiguous rows of `d_in` (a `[d_in, d_out]` weight stored
 /// column-major), f32 or bf16.
 pub fn decode_layer<S: Stored>(
@@ -154,48 +160,55 @@ pub fn decode_layer<S: Stored>(
     // as in the composed path).
     simd::rms_norm_rows(x, w.input_layernorm, epsilon, &mut normed);
     let [mut q, mut k, v] = project([&w.q_proj, &w.k_proj, &w.v_proj], &normed, hidden, matmul);
-    let (q_width, kv_width) = (q.len() / caches.len(), k.len() / caches.len());
+    let rows: usize = caches.iter().map(|cache| cache.rows).sum();
+    assert_eq!(rows, rope.len(), "a rotary row for each row");
+    let (q_width, kv_width) = (q.len() / rows, k.len() / rows);
     let mut attended = Vec::with_capacity(q.len());
-    let rows = (q.chunks_exact_mut(q_width))
+    let mut tokens = (q.chunks_exact_mut(q_width))
         .zip(k.chunks_exact_mut(kv_width))
-        .zip(v.chunks_exact(kv_width));
-    for (((q, k), v), (cache, &(cos, sin))) in rows.zip(caches.into_iter().zip(rope)) {
-        for (rows, norm) in [(&mut *q, w.q_norm), (&mut *k, w.k_norm)] {
-            if let Some(gamma) = norm {
-                normalize(rows, gamma, epsilon);
-            }
-        }
-        if rotated {
-            simd::rotary_heads(q, cos, sin, score_scale);
-            simd::rotary_heads(k, cos, sin, 1.0);
-        } else {
-            q.iter_mut().for_each(|x| *x *= score_scale);
-        }
-        // The token's key and value join the cache; it attends to every position so far.
+        .zip(v.chunks_exact(kv_width))
+        .zip(rope);
+    for cache in caches {
         let KvSlot {
             keys,
             values,
-            position,
+            position: first,
+            rows: count,
         } = cache;
-        let store = |to: &mut [S], from: &[f32]| {
-            for (to, &x) in to[position * kv_width..][..kv_width].iter_mut().zip(from) {
-                *to = S::narrow(x);
+        for (position, (((q, k), v), &(cos, sin))) in (first..).zip(tokens.by_ref().take(count)) {
+            for (rows, norm) in [(&mut *q, w.q_norm), (&mut *k, w.k_norm)] {
+                if let Some(gamma) = norm {
+                    normalize(rows, gamma, epsilon);
+                }
             }
-        };
-        store(keys, k);
-        store(values, v);
-        let out = CausalAttention {
-            queries: Matrix::rows_of(q, q_width),
-            keys: Matrix::rows_of(keys, kv_width),
-            values: Matrix::rows_of(values, kv_width),
-            batch: 1,
-            seq: 1,
-            start: position,
-            heads,
-            window,
+            if rotated {
+                simd::rotary_heads(q, cos, sin, score_scale);
+                simd::rotary_heads(k, cos, sin, 1.0);
+            } else {
+                q.iter_mut().for_each(|x| *x *= score_scale);
+            }
+            // The token's key and value join the cache; it attends to every position up to
+            // its own (the sequence's later rows are written after).
+            let store = |to: &mut [S], from: &[f32]| {
+                for (to, &x) in to[position * kv_width..][..kv_width].iter_mut().zip(from) {
+                    *to = S::narrow(x);
+                }
+            };
+            store(keys, k);
+            store(values, v);
+            let out = CausalAttention {
+                queries: Matrix::rows_of(q, q_width),
+                keys: Matrix::rows_of(keys, kv_width),
+                values: Matrix::rows_of(values, kv_width),
+                batch: 1,
+                seq: 1,
+                start: position,
+                heads,
+                window,
+            }
+            .decode();
+            attended.extend(out);
         }
-        .decode();
-        attended.extend(out);
     }
     // Output projection (normalized with sandwich norms), back into the residual stream.
     let [mut o] = project([&w.o_proj], &attended, q_width, matmul);

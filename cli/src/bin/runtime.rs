@@ -12,7 +12,7 @@ use cli::BackendKind;
 use cli::logprobs::{Logprobs, divergence};
 use kernels::int8::Matmul;
 use runtime::generate::sampling::{SamplingParams, defaults};
-use runtime::generate::{GenerateOptions, Generation, Generator};
+use runtime::generate::{Draft, GenerateOptions, Generation, Generator};
 use runtime::model::backend::KernelBackend;
 use runtime::model::cache::KvDtype;
 use runtime::text::grammar::Grammar;
@@ -89,6 +89,13 @@ struct CommonArgs {
     /// BF16 path; on CPUs with AVX512_BF16, else exact).
     #[arg(long, default_value = "auto")]
     matmul: Matmul,
+    /// Speculative decoding: `ngram` drafts the next tokens from an earlier occurrence of
+    /// the last ones in the prompt and the answer (prompt lookup) and checks them all in one
+    /// pass over the weights. It changes no token (the output is the plain decoding's,
+    /// greedy or sampled with a seed); faster where an answer repeats its prompt, and it
+    /// pauses itself where its drafts are rejected.
+    #[arg(long, value_name = "KIND", value_parser = draft_kind)]
+    draft: Option<Draft>,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -100,6 +107,16 @@ struct CommonArgs {
     /// '{"enable_thinking": false}' for Qwen3 to answer without thinking first.
     #[arg(long, value_name = "JSON", value_parser = template_kwargs)]
     chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+/// `--draft`: what drafts tokens.
+fn draft_kind(text: &str) -> Result<Draft, String> {
+    match text {
+        "ngram" => Ok(Draft::Ngram),
+        other => Err(format!(
+            "{other:?} is not a drafter: ngram (prompt lookup) is the one there is"
+        )),
+    }
 }
 
 /// `--chat-template-kwargs`: a JSON object.
@@ -476,6 +493,7 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     })?;
     generator.kv_dtype = common.kv_cache;
     generator.matmul = common.matmul;
+    generator.draft = common.draft;
     // A rounding asked for by name that this CPU or these weights leave unused.
     let asked = match common.matmul {
         Matmul::Int8 => Some((

@@ -25,6 +25,7 @@ use crate::weights::layout::{Kept, Weights};
 use crate::weights::load::Progress;
 use crate::weights::manifest::ArtifactError;
 
+mod draft;
 mod embedding;
 pub mod sampling;
 mod scoring;
@@ -32,6 +33,7 @@ mod sequence;
 mod stop;
 
 pub use scoring::Perplexity;
+pub use draft::{Draft, Drafter};
 pub use sequence::Sequence;
 use sequence::{Picked, Picker};
 use stop::StopText;
@@ -180,6 +182,9 @@ pub struct Generator<B: KernelBackend> {
     pub kv_dtype: KvDtype,
     /// How products over quantized weights take their inputs.
     pub matmul: Matmul,
+    /// What drafts tokens for the sequences started here (speculative decoding), if
+    /// anything: it changes no token ([`draft`]).
+    pub draft: Option<Draft>,
     /// How a text's hidden states become its embedding ([`Self::embed`]): the artifact's
     /// pooling.json, else the last token's, normalized.
     pub pooling: Pooling,
@@ -236,6 +241,7 @@ impl<B: KernelBackend> Generator<B> {
             kept,
             kv_dtype: KvDtype::default(),
             matmul: Matmul::default(),
+            draft: None,
             pooling,
             eos_ids,
             device: device.clone(),
@@ -450,6 +456,8 @@ impl<B: KernelBackend> Generator<B> {
             text: StopText::new(options.stop.clone()),
             max_new_tokens: options.max_new_tokens,
             logits: Vec::new(),
+            pending: None,
+            drafter: self.draft.map(|Draft::Ngram| Drafter::default()),
             logprobs_top: None,
             logprobs: Vec::new(),
             stop_reason: None,
@@ -525,6 +533,8 @@ impl<B: KernelBackend> Generator<B> {
             text: StopText::new(s.text.stops.clone()),
             max_new_tokens: s.max_new_tokens,
             logits: s.logits.clone(),
+            pending: None,
+            drafter: s.drafter.clone(),
             logprobs_top: s.logprobs_top,
             logprobs: Vec::new(),
             stop_reason: None,
@@ -552,6 +562,11 @@ impl<B: KernelBackend> Generator<B> {
     /// through the model together, one pass over the weights for all of them
     /// ([`Llama::decode_each`]). A sequence's tokens are the ones it would get stepped
     /// alone, bit for bit the same logits. One result per sequence, in order.
+    ///
+    /// A sequence with a drafter ([`Generator::draft`]) runs its drafted tokens in the same
+    /// pass, after its own ([`Llama::decode_rows`]: each row the bits a step of its own
+    /// gives), and keeps those it picks itself, picking from each row in turn as a step
+    /// would: several tokens in one step, the same tokens as without the draft.
     pub fn step_each(
         &self,
         sequences: &mut [&mut Sequence<'_, B>],
@@ -559,19 +574,29 @@ impl<B: KernelBackend> Generator<B> {
     ) -> Vec<Result<Option<StopReason>, GenerateError>> {
         let mut results: Vec<Result<Option<StopReason>, GenerateError>> =
             Vec::with_capacity(sequences.len());
-        // Sequences whose sampled token runs through the model, and the token.
-        let mut running: Vec<(usize, u32)> = Vec::new();
+        // Sequences whose sampled token runs through the model, with the tokens drafted
+        // after it.
+        let mut running: Vec<(usize, u32, Vec<u32>)> = Vec::new();
         // Each sequence's pick (biases, penalties, its grammar's mask, the draw: O(vocab)
-        // each) on its own state, in parallel; then, in order, what follows from it.
+        // each) on its own state, in parallel; then, in order, what follows from it. A pick
+        // made while checking a draft is taken as it is.
         let ready: Vec<Result<bool, GenerateError>> = sequences.iter().map(|s| s.ready()).collect();
+        let pending: Vec<Option<Picked>> = sequences.iter_mut().map(|s| s.pending.take()).collect();
         let picks: Vec<Option<Result<Picked, GenerateError>>> = {
             let mut pickers: Vec<Option<Picker<'_>>> = (sequences.iter_mut().zip(&ready))
-                .map(|(s, ready)| matches!(ready, Ok(true)).then(|| s.picker()))
+                .zip(&pending)
+                .map(|((s, ready), pending)| {
+                    (matches!(ready, Ok(true)) && pending.is_none()).then(|| s.picker())
+                })
                 .collect();
             (pickers.par_iter_mut())
                 .map(|picker| picker.as_mut().map(Picker::pick))
                 .collect()
         };
+        let picks = picks.into_iter().zip(pending).map(|(picked, pending)| match pending {
+            Some(pending) => Some(Ok(pending)),
+            None => picked,
+        });
         for ((i, s), (ready, picked)) in sequences
             .iter_mut()
             .enumerate()
@@ -584,35 +609,43 @@ impl<B: KernelBackend> Generator<B> {
                 (Ok(_), None) => self.finish_step(s, None, &mut on_text),
             };
             if let Ok(Some(next)) = sampled {
-                running.push((i, next));
+                running.push((i, next, s.draft()));
             }
             results.push(sampled.map(|_| None));
         }
         if !running.is_empty() {
-            let ids: Vec<u32> = running.iter().map(|&(_, id)| id).collect();
+            let ids: Vec<u32> = (running.iter())
+                .flat_map(|(_, next, drafted)| std::iter::once(next).chain(drafted))
+                .copied()
+                .collect();
+            let rows: Vec<usize> = running.iter().map(|(.., drafted)| 1 + drafted.len()).collect();
             let mut caches: Vec<&mut KvCache<B>> = Vec::with_capacity(running.len());
             // The running sequences' caches, each borrowed apart from the others.
             let mut rest: &mut [&mut Sequence<'_, B>] = sequences;
             let mut skipped = 0;
-            for &(i, _) in &running {
+            for &(i, ..) in &running {
                 let (_, tail) = std::mem::take(&mut rest).split_at_mut(i - skipped);
                 let (sequence, tail) = tail.split_first_mut().expect("an index in range");
                 caches.push(&mut sequence.cache);
                 rest = tail;
                 skipped = i + 1;
             }
-            match self.decode_each(&ids, &mut caches) {
+            match self.decode_rows(&ids, &mut caches, &rows) {
                 Ok(logits) => {
-                    let rows = logits.chunks_exact(self.config.vocab_size);
-                    for (&(i, _), row) in running.iter().zip(rows) {
-                        // Into the sequence's buffer: no allocation per token.
-                        let logits = &mut sequences[i].logits;
-                        logits.clear();
-                        logits.extend_from_slice(row);
+                    let mut rows = logits.chunks_exact(self.config.vocab_size);
+                    for (i, _, drafted) in &running {
+                        let s = &mut sequences[*i];
+                        let rows = rows.by_ref().take(1 + drafted.len());
+                        let checked = self.check_draft(s, drafted, rows, &mut |piece: &str| {
+                            on_text(*i, piece)
+                        });
+                        if let Err(e) = checked {
+                            results[*i] = Err(e);
+                        }
                     }
                 }
                 Err(e) => {
-                    for &(i, _) in &running {
+                    for &(i, ..) in &running {
                         results[i] = Err(GenerateError::Backend(e.to_string()));
                     }
                 }
@@ -627,6 +660,50 @@ impl<B: KernelBackend> Generator<B> {
         results
     }
 
+    /// Takes a running sequence's logits after its step: `rows`, the logits of its token and
+    /// of each `drafted` one after it. Picks from each row in turn as a step would, keeping
+    /// each drafted token while it is the pick; the first pick that is not is kept for the
+    /// next step ([`Sequence::pending`]), and the cache forgets the positions past what was
+    /// kept, as if only those tokens had been run.
+    fn check_draft<'r>(
+        &self,
+        s: &mut Sequence<'_, B>,
+        drafted: &[u32],
+        mut rows: impl Iterator<Item = &'r [f32]>,
+        on_text: &mut impl FnMut(&str),
+    ) -> Result<(), GenerateError> {
+        let row = rows.next().expect("a row for the sequence's token");
+        // Into the sequence's buffer: no allocation per token.
+        s.logits.clear();
+        s.logits.extend_from_slice(row);
+        if drafted.is_empty() {
+            return Ok(());
+        }
+        // Where the sequence's own token went; then the drafted tokens'.
+        let first = s.cache.len() - drafted.len() - 1;
+        let mut run = 1;
+        let mut accepted = 0;
+        for (&token, row) in drafted.iter().zip(rows) {
+            let picked = s.picker().pick()?;
+            if picked.next != token {
+                s.pending = Some(picked);
+                break;
+            }
+            accepted += 1;
+            if self.finish_step(s, Some(picked), on_text)?.is_none() {
+                break;
+            }
+            run += 1;
+            s.logits.clear();
+            s.logits.extend_from_slice(row);
+        }
+        s.cache.truncate(first + run);
+        if let Some(drafter) = &mut s.drafter {
+            drafter.learn(drafted.len(), accepted);
+        }
+        Ok(())
+    }
+
     /// Runs `ids[b]` after what `caches[b]` holds, for every `b`, a batch at a time
     /// ([`KernelBackend::DECODE_BATCH`] sequences in one pass over the weights), and returns
     /// the logits, `vocab_size` per sequence in order: each, bit for bit, what decoding that
@@ -637,19 +714,36 @@ impl<B: KernelBackend> Generator<B> {
         caches: &mut [&mut KvCache<B>],
     ) -> Result<Vec<f32>, GenerateError> {
         assert_eq!(ids.len(), caches.len(), "decode_each: one id per cache");
+        self.decode_rows(ids, caches, &vec![1; ids.len()])
+    }
+
+    /// [`Self::decode_each`] for `rows[b]` consecutive tokens after `caches[b]` (`ids` holds
+    /// each sequence's in order): `vocab_size` logits per token, each, bit for bit, what
+    /// decoding the tokens one at a time gives ([`Llama::decode_rows`]).
+    pub fn decode_rows(
+        &self,
+        ids: &[u32],
+        caches: &mut [&mut KvCache<B>],
+        rows: &[usize],
+    ) -> Result<Vec<f32>, GenerateError> {
+        assert_eq!(caches.len(), rows.len(), "decode_rows: a row count per cache");
+        assert_eq!(ids.len(), rows.iter().sum::<usize>(), "decode_rows: an id per row");
         self.check_ids(ids)?;
         let vocab_size = self.config.vocab_size;
         let mut out = Vec::with_capacity(ids.len() * vocab_size);
-        for (ids, caches) in ids
-            .chunks(B::DECODE_BATCH)
-            .zip(caches.chunks_mut(B::DECODE_BATCH))
+        let mut ids = ids;
+        for (caches, rows) in caches
+            .chunks_mut(B::DECODE_BATCH)
+            .zip(rows.chunks(B::DECODE_BATCH))
         {
-            let tokens: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
-            let tokens = TensorData::new(tokens, [ids.len(), 1]);
+            let (batch, rest) = ids.split_at(rows.iter().sum());
+            ids = rest;
+            let tokens: Vec<i64> = batch.iter().map(|&id| i64::from(id)).collect();
+            let tokens = TensorData::new(tokens, [batch.len(), 1]);
             let tokens = Tensor::<B, 2, Int>::from_data(tokens, &self.device);
             let logits = self
                 .model
-                .decode_each(tokens, caches, self.matmul)?
+                .decode_rows(tokens, caches, rows, self.matmul)?
                 .into_data();
             out.extend(
                 logits

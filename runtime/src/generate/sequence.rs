@@ -2,6 +2,7 @@
 
 use std::time::{Duration, Instant};
 
+use super::draft::{Draft, Drafter};
 use super::stop::StopText;
 use super::{GenerateError, Generation, StopReason, Timings};
 use crate::generate::sampling::{Sampler, TokenLogprob};
@@ -31,6 +32,12 @@ pub struct Sequence<'t, B: KernelBackend> {
     pub(super) max_new_tokens: usize,
     /// The next token's logits.
     pub(super) logits: Vec<f32>,
+    /// The next token, already picked (by a draft's check, where the model's pick was not
+    /// the drafted token): the next step takes it instead of picking again, so that the
+    /// sampler draws exactly as often as without drafts.
+    pub(super) pending: Option<Picked>,
+    /// What guesses its next tokens, if anything ([`super::draft`]).
+    pub(super) drafter: Option<Drafter>,
     /// Whether to record each generated token's log-probability, with how many of the most
     /// likely alternatives ([`Sequence::record_logprobs`]).
     pub(super) logprobs_top: Option<usize>,
@@ -53,6 +60,35 @@ impl<B: KernelBackend> Sequence<'_, B> {
             return Err(GenerateError::NotPrefilled);
         }
         Ok(self.tokens.len() < self.max_new_tokens)
+    }
+
+    /// Drafts tokens for this sequence from now on, with `draft` (speculative decoding:
+    /// the same tokens, [`super::draft`]).
+    pub fn start_drafting(&mut self, draft: Draft) {
+        let Draft::Ngram = draft;
+        self.drafter = Some(Drafter::default());
+    }
+
+    /// Drafts no more tokens for this sequence (a request that opts out of speculation).
+    pub fn stop_drafting(&mut self) {
+        self.drafter = None;
+    }
+
+    /// Tokens drafted for this sequence, and how many of them were kept.
+    pub fn drafted(&self) -> (usize, usize) {
+        (self.drafter.as_ref()).map_or((0, 0), |d| (d.drafted_total, d.accepted_total))
+    }
+
+    /// The tokens to check after `next` (just picked, not yet run): the drafter's guess, as
+    /// long as the sequence has room for (its `max_new_tokens`, and its cache with a
+    /// position to spare, so that no check stops it where a plain step would not).
+    pub(super) fn draft(&mut self) -> Vec<u32> {
+        let Some(drafter) = &mut self.drafter else {
+            return Vec::new();
+        };
+        let tokens_left = self.max_new_tokens.saturating_sub(self.tokens.len());
+        let room = self.capacity.saturating_sub(self.cache.len() + 2);
+        drafter.propose(&self.history, tokens_left.min(room))
     }
 
     /// The state its pick reads and changes, apart from the rest.

@@ -277,27 +277,29 @@ impl<B: KernelBackend> LayerCache<B> {
         Ok((prefix(&self.keys), prefix(&self.values)))
     }
 
-    /// Appends one position to each of `caches` (one layer of each of a batch of sequences)
-    /// through `write`, a kernel that writes the buffers itself and returns `None` if it
-    /// wrote nothing (then every position stays free).
+    /// Appends `rows[b]` positions to `caches[b]` (one layer of each of a batch of
+    /// sequences) through `write`, a kernel that writes the buffers itself and returns
+    /// `None` if it wrote nothing (then every position stays free).
     pub(crate) fn append_each<R>(
         caches: &mut [&mut Self],
+        rows: &[usize],
         write: impl FnOnce(Vec<KvBuffers<'_, B>>) -> Option<R>,
     ) -> Result<Option<R>, CacheError> {
-        for cache in caches.iter_mut() {
-            cache.reserve(1)?;
+        assert_eq!(caches.len(), rows.len(), "a row count per cache");
+        for (cache, &rows) in caches.iter_mut().zip(rows) {
+            cache.reserve(rows)?;
         }
-        let buffers = caches
-            .iter_mut()
-            .map(|cache| KvBuffers {
+        let buffers = (caches.iter_mut().zip(rows))
+            .map(|(cache, &rows)| KvBuffers {
                 keys: &mut cache.keys,
                 values: &mut cache.values,
                 position: cache.len,
+                rows,
             })
             .collect();
         let written = write(buffers);
         if written.is_some() {
-            caches.iter_mut().for_each(|cache| cache.len += 1);
+            (caches.iter_mut().zip(rows)).for_each(|(cache, &rows)| cache.len += rows);
         }
         Ok(written)
     }

@@ -248,12 +248,36 @@ impl<B: KernelBackend> Llama<B> {
         caches: &mut [&mut KvCache<B>],
         matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
-        for cache in caches.iter() {
-            cache.check_room(1, 1)?;
+        let rows = vec![1; caches.len()];
+        self.decode_rows(tokens, caches, &rows, matmul)
+    }
+
+    /// [`Self::decode_each`] for several tokens of a sequence: `rows[b]` consecutive tokens
+    /// after `caches[b]` (`tokens` holds each sequence's in order). Each token's logits are,
+    /// bit for bit, what decoding the tokens one at a time gives: checking `k` drafted
+    /// tokens reads the weights once and changes nothing (speculative decoding).
+    ///
+    /// Fails, having run nothing, if any cache has no room for its rows or holds a batch of
+    /// sequences.
+    ///
+    /// # Shapes
+    /// - tokens: `[rows.iter().sum(), 1]`
+    pub fn decode_rows(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        caches: &mut [&mut KvCache<B>],
+        rows: &[usize],
+        matmul: Matmul,
+    ) -> Result<Tensor<B, 3>, CacheError> {
+        assert_eq!(caches.len(), rows.len(), "a row count per cache");
+        assert_eq!(tokens.dims()[0], rows.iter().sum::<usize>(), "a token per row");
+        for (cache, &rows) in caches.iter().zip(rows) {
+            cache.check_room(1, rows)?;
         }
         B::decode_token(|| {
-            let rotations: Vec<Rotations<B>> =
-                caches.iter().map(|cache| cache.rope_rows(1)).collect();
+            let rotations: Vec<Rotations<B>> = (caches.iter().zip(rows))
+                .map(|(cache, &rows)| cache.rope_rows(rows))
+                .collect();
             let mut x = self.embed(tokens);
             let mut layers: Vec<_> = caches.iter_mut().map(|c| c.layers_mut()).collect();
             for layer in &self.layers {
@@ -263,10 +287,10 @@ impl<B: KernelBackend> Llama<B> {
                 let ropes: Vec<RopeRows<B>> = (rotations.iter())
                     .map(|r| r.of(layer.self_attn.rotation).clone())
                     .collect();
-                x = layer.decode_each(x, &mut caches, &ropes, matmul)?;
+                x = layer.decode_each(x, &mut caches, rows, &ropes, matmul)?;
             }
             drop(layers);
-            caches.iter_mut().for_each(|cache| cache.advance(1));
+            (caches.iter_mut().zip(rows)).for_each(|(cache, &rows)| cache.advance(rows));
             Ok(self.logits(rms_norm(&self.norm, x), matmul))
         })
     }
@@ -337,7 +361,7 @@ impl<B: KernelBackend> DecoderLayer<B> {
         let [_, seq, _] = x.dims();
         if seq == 1 {
             let shape = self.shape(cache.window(), matmul);
-            let fused = LayerCache::append_each(&mut [cache], |caches| {
+            let fused = LayerCache::append_each(&mut [cache], &[1], |caches| {
                 B::decode_layer(
                     &x,
                     &self.weights(),
@@ -353,38 +377,43 @@ impl<B: KernelBackend> DecoderLayer<B> {
         self.forward_composed(x, cache, rope, matmul)
     }
 
-    /// One token of each of several sequences, `x: [n, 1, hidden]`, row `b` after
-    /// `caches[b]` (one layer of sequence `b`'s cache) at its rotary rows `ropes[b]`: the
-    /// backend's fused batch, else each row through [`Self::forward`] on its own.
+    /// The next tokens of each of several sequences, `x: [n, 1, hidden]`: sequence `b`'s
+    /// `rows[b]` rows in order after `caches[b]` (one layer of sequence `b`'s cache), at its
+    /// rotary rows `ropes[b]` (`rows[b]` of them): the backend's fused batch, else each row
+    /// through [`Self::forward`] on its own, in order.
     fn decode_each(
         &self,
         x: Tensor<B, 3>,
         caches: &mut [&mut LayerCache<B>],
+        rows: &[usize],
         ropes: &[RopeRows<B>],
         matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
         let window = caches.first().and_then(|cache| cache.window());
         let shape = self.shape(window, matmul);
         let weights = self.weights();
-        let fused = LayerCache::append_each(caches, |buffers| {
+        let fused = LayerCache::append_each(caches, rows, |buffers| {
             B::decode_layer(&x, &weights, shape, buffers, ropes)
         })?;
         if let Some(out) = fused {
             return Ok(out);
         }
         let [n, _, hidden] = x.dims();
-        let rows = (caches.iter_mut().zip(ropes).enumerate())
-            .map(|(b, (cache, rope))| {
-                self.forward(
-                    x.clone().slice([b..b + 1, 0..1, 0..hidden]),
-                    cache,
-                    rope,
-                    matmul,
-                )
-            })
-            .collect::<Result<Vec<_>, _>>()?;
-        debug_assert_eq!(rows.len(), n);
-        Ok(Tensor::cat(rows, 0))
+        let mut outs = Vec::with_capacity(n);
+        let mut row = 0;
+        for ((cache, rope), &count) in caches.iter_mut().zip(ropes).zip(rows) {
+            for j in 0..count {
+                let rope = RopeRows {
+                    cos: rope.cos.clone().narrow(0, j, 1),
+                    sin: rope.sin.clone().narrow(0, j, 1),
+                };
+                let x = x.clone().slice([row..row + 1, 0..1, 0..hidden]);
+                outs.push(self.forward(x, cache, &rope, matmul)?);
+                row += 1;
+            }
+        }
+        debug_assert_eq!(row, n);
+        Ok(Tensor::cat(outs, 0))
     }
 
     /// The layer as Burn ops (through the backend's [`KernelBackend`] operations): what a
@@ -636,7 +665,7 @@ mod tests {
                 // Both in the same pool: decode attention splits keys by the thread count.
                 let (fused, composed) = crate::in_thread_pool(Some(threads), || {
                     team::with_team(|| {
-                        let fused = LayerCache::append_each(&mut [fused_layer_cache], |caches| {
+                        let fused = LayerCache::append_each(&mut [fused_layer_cache], &[1], |caches| {
                             let ropes = std::slice::from_ref(&rope);
                             FlexBackend::decode_layer(&x, &layer.weights(), shape, caches, ropes)
                         });
@@ -754,6 +783,97 @@ mod batch_tests {
                 }
             })
             .expect("a thread pool");
+        }
+    }
+
+    /// Several tokens of each of several sequences in one pass (`decode_rows`, a
+    /// speculative draft's check) get, row by row, bit for bit, the logits of decoding the
+    /// tokens one at a time; and the cache holds what the one-token steps wrote (the steps
+    /// after agree too). Plain Llama with every bias, and a Gemma-like layer with a sliding
+    /// window crossed by the rows, q/k norms and sandwich norms; 1 and 3 threads; f32 and
+    /// bf16 caches.
+    #[test]
+    fn rows_of_a_sequence_equal_its_one_token_steps() {
+        let plain = LlamaConfig {
+            biases: Biases {
+                qkv: true,
+                o: true,
+                mlp: true,
+            },
+            ..LlamaConfig::plain([64, 160, 2], [4, 2, 16], 50, 200)
+        };
+        let gemma_like = LlamaConfig {
+            sliding_window: Some(9),
+            qk_norm: true,
+            sandwich_norms: true,
+            ..plain.clone()
+        };
+        let device = Default::default();
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+        for (c, config) in [plain, gemma_like].iter().enumerate() {
+            let model = config
+                .init::<FlexBackend>(&device)
+                .map(&mut Randomize(5 + c as u64))
+                .with_matvec_layout(false);
+            let ids = |tokens: &[u32]| {
+                let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+                Tensor::<FlexBackend, 2, Int>::from_data(
+                    TensorData::new(ids, [tokens.len(), 1]),
+                    &device,
+                )
+            };
+            for (threads, dtype) in [(1, KvDtype::F32), (3, KvDtype::F32), (3, KvDtype::Bf16)] {
+                crate::in_thread_pool(Some(threads), || {
+                    // Three sequences after prompts of 1, 6 and 17 tokens; rows of 1 to 7.
+                    let lengths = [1usize, 6, 17];
+                    let new_caches = || -> Vec<KvCache<FlexBackend>> {
+                        (lengths.iter().enumerate())
+                            .map(|(s, &len)| {
+                                let mut cache = KvCache::new(config, 1, 100, dtype, &device)
+                                    .expect("a cache");
+                                for t in 0..len {
+                                    let token = ((s * 11 + t * 5) % 50) as u32;
+                                    model
+                                        .decode(ids(&[token]), &mut cache, Matmul::Exact)
+                                        .expect("room");
+                                }
+                                cache
+                            })
+                            .collect()
+                    };
+                    let (mut together, mut alone) = (new_caches(), new_caches());
+                    for (pass, rows) in [[3, 1, 7], [1, 5, 2], [6, 1, 1]].iter().enumerate() {
+                        let tokens: Vec<u32> = (0..rows.iter().sum::<usize>())
+                            .map(|r| ((pass * 17 + r * 7) % 50) as u32)
+                            .collect();
+                        let mut caches: Vec<&mut KvCache<FlexBackend>> =
+                            together.iter_mut().collect();
+                        let checked = model
+                            .decode_rows(ids(&tokens), &mut caches, rows, Matmul::Exact)
+                            .expect("room");
+                        let checked = checked.into_data().into_vec::<f32>().expect("f32 logits");
+                        let mut checked = checked.chunks_exact(50);
+                        let mut tokens = tokens.iter();
+                        for (s, &count) in rows.iter().enumerate() {
+                            for row in 0..count {
+                                let token = *tokens.next().expect("a token per row");
+                                let single = model
+                                    .decode(ids(&[token]), &mut alone[s], Matmul::Exact)
+                                    .expect("room");
+                                let single =
+                                    single.into_data().into_vec::<f32>().expect("f32 logits");
+                                assert_eq!(
+                                    bits(checked.next().expect("a row")),
+                                    bits(&single),
+                                    "config {c}, sequence {s}, pass {pass}, row {row}, \
+                                     {threads} threads, {dtype}"
+                                );
+                            }
+                        }
+                    }
+                })
+                .expect("a thread pool");
+            }
         }
     }
 }

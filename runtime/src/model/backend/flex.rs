@@ -120,10 +120,12 @@ impl KernelBackend for FlexBackend {
         let dtype = caches.first()?.keys.dtype();
         let fits = |c: &KvBuffers<'_, Self>| {
             matches!(c.keys.dims(), [1, _, _])
+                && c.rows > 0
                 && c.keys.dtype() == dtype
                 && c.values.dtype() == dtype
         };
-        if n != caches.len() || n != ropes.len() || !caches.iter().all(fits) {
+        let rows: usize = caches.iter().map(|c| c.rows).sum();
+        if n != rows || caches.len() != ropes.len() || !caches.iter().all(fits) {
             return None;
         }
         let weights = weights.try_map(
@@ -137,30 +139,35 @@ impl KernelBackend for FlexBackend {
         let tables: Vec<(FlexTensor, FlexTensor)> = (ropes.iter())
             .map(|rope| (contiguous(&rope.cos), contiguous(&rope.sin)))
             .collect();
-        let rope: Vec<(&[f32], &[f32])> = (tables.iter())
-            .map(|(cos, sin)| (cos.storage(), sin.storage()))
+        // A (cos, sin) pair of rows for each row of x: a sequence's table has one per row.
+        let rope: Vec<(&[f32], &[f32])> = (tables.iter().zip(&caches))
+            .flat_map(|((cos, sin), cache)| {
+                let width = cos.storage().len() / cache.rows;
+                (cos.storage().chunks_exact(width)).zip(sin.storage().chunks_exact(width))
+            })
             .collect();
         // Owned, contiguous (the cache allocates them so) and not shared: written in place.
         let mut caches = caches;
-        let mut buffers: Vec<(FlexTensor, FlexTensor, usize)> = (caches.iter_mut())
+        let mut buffers: Vec<(FlexTensor, FlexTensor, usize, usize)> = (caches.iter_mut())
             .map(|c| {
                 let (keys, values) = (flex(take(&mut *c.keys)), flex(take(&mut *c.values)));
-                (keys.to_contiguous(), values.to_contiguous(), c.position)
+                (keys.to_contiguous(), values.to_contiguous(), c.position, c.rows)
             })
             .collect();
         let mut out = flex(x.clone()).to_contiguous();
         with_stored!(dtype, S => {
             let slots = buffers
                 .iter_mut()
-                .map(|(keys, values, position)| KvSlot {
+                .map(|(keys, values, position, rows)| KvSlot {
                     keys: keys.storage_mut(),
                     values: values.storage_mut(),
                     position: *position,
+                    rows: *rows,
                 })
                 .collect();
             layer::decode_layer::<S>(out.storage_mut(), &slices, shape, slots, &rope)
         });
-        for (cache, (keys, values, _)) in caches.into_iter().zip(buffers) {
+        for (cache, (keys, values, ..)) in caches.into_iter().zip(buffers) {
             *cache.keys = from_flex(keys);
             *cache.values = from_flex(values);
         }

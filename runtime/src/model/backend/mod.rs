@@ -77,12 +77,13 @@ impl std::str::FromStr for KvDtype {
     }
 }
 
-/// One layer's key and value buffers, `[batch, capacity, n_kv_heads * head_dim]` each, and
-/// the position a token goes to.
+/// One layer's key and value buffers, `[batch, capacity, n_kv_heads * head_dim]` each, the
+/// position the first new token goes to and how many (`rows`, consecutive) there are.
 pub struct KvBuffers<'a, B: Backend> {
     pub keys: &'a mut Tensor<B, 3>,
     pub values: &'a mut Tensor<B, 3>,
     pub position: usize,
+    pub rows: usize,
 }
 
 /// The model's operations on a backend.
@@ -188,11 +189,13 @@ pub trait KernelBackend: Backend {
         *buffer = reference::write_rows(take(buffer), start, rows);
     }
 
-    /// One layer's forward pass for one token of each of `n` sequences, `x: [n, 1, hidden]`,
-    /// as one fused kernel that also writes each token's key and value into its sequence's
-    /// cache (`caches[b]`, at its own position, with `ropes[b]` its rotary rows), if the
-    /// backend has one for these inputs. A row's output must not depend on the other rows.
-    /// `None`: nothing was written, and the model runs the composed ops.
+    /// One layer's forward pass for the next tokens of each of several sequences, `x: [n, 1,
+    /// hidden]` (sequence `b`'s `caches[b].rows` rows in order, `n` in all), as one fused
+    /// kernel that also writes each token's key and value into its sequence's cache (from
+    /// `caches[b].position` on, with `ropes[b]` its rows' rotary rows), if the backend has
+    /// one for these inputs. A row's output must not depend on the other sequences' rows,
+    /// nor on its own sequence's later rows: `k` rows of a sequence give the bits of `k`
+    /// calls with one. `None`: nothing was written, and the model runs the composed ops.
     fn decode_layer(
         _x: &Tensor<Self, 3>,
         _weights: &LayerTensors<Self>,

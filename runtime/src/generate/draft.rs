@@ -1,0 +1,177 @@
+//! Drafting the next tokens for speculative decoding: guesses that the model checks, all
+//! at once, in one pass over its weights ([`Llama::decode_rows`]), keeping those it would
+//! have picked itself. A guess changes no token: each position's logits are the bits a
+//! one-token step gives, and each is picked from as a step would pick (the same sampler
+//! draw), so the output is the plain decoding's, greedy or sampled with the same seed.
+//!
+//! [`Drafter::Ngram`] is prompt lookup: the text so far (prompt and answer) is searched for
+//! an earlier occurrence of its last few tokens, and what followed it then is the guess. It
+//! needs no second model and pays off where an answer repeats its prompt (editing a passage
+//! or code, quoting, summarizing with the source's words).
+//!
+//! [`Llama::decode_rows`]: crate::model::llama::Llama::decode_rows
+
+/// What drafts tokens for a sequence (`--draft`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Draft {
+    /// Prompt lookup: continue an earlier occurrence of the last tokens.
+    Ngram,
+}
+
+/// Longest run of tokens matched against the text so far, tried first.
+const MAX_NGRAM: usize = 3;
+/// Shortest: a single matching token proposes too much that is wrong.
+const MIN_NGRAM: usize = 2;
+/// Most tokens drafted at once (the rows of one verify pass, less one).
+pub const MAX_DRAFT: usize = 12;
+/// Tokens drafted at first, and after a draft is rejected outright.
+const FIRST_DRAFT: usize = 4;
+/// Mean tokens accepted per draft (an exponential moving average) below which drafting is
+/// paused: a verify pass of k + 1 rows costs more than one of a single row, so a draft
+/// that is mostly rejected makes decoding slower.
+const PAYS_OFF: f32 = 0.5;
+/// Weight of the newest draft in that average.
+const AVERAGE_WEIGHT: f32 = 0.25;
+/// Steps drafting is paused for the first time it does not pay; doubled each time after,
+/// up to [`LONGEST_PAUSE`].
+const FIRST_PAUSE: usize = 16;
+const LONGEST_PAUSE: usize = 512;
+
+/// A sequence's drafter and how well its drafts have done: the draft's length adapts to
+/// what is accepted, and drafting pauses itself while it does not pay.
+#[derive(Debug, Clone)]
+pub struct Drafter {
+    /// Tokens to draft next time a match is found.
+    length: usize,
+    /// Mean tokens accepted per draft.
+    accepted: f32,
+    /// Steps left before drafting again, and the next pause's length.
+    paused: usize,
+    next_pause: usize,
+    /// Tokens drafted and accepted in all (for `/metrics` and the bench).
+    pub drafted_total: usize,
+    pub accepted_total: usize,
+}
+
+impl Default for Drafter {
+    fn default() -> Self {
+        Self {
+            length: FIRST_DRAFT,
+            accepted: 1.0,
+            paused: 0,
+            next_pause: FIRST_PAUSE,
+            drafted_total: 0,
+            accepted_total: 0,
+        }
+    }
+}
+
+impl Drafter {
+    /// Up to `limit` tokens that may follow `history` (the prompt and the tokens so far):
+    /// what followed the latest earlier occurrence of its last [`MAX_NGRAM`] tokens (or
+    /// fewer, down to [`MIN_NGRAM`]). Empty while paused or without a match.
+    pub fn propose(&mut self, history: &[u32], limit: usize) -> Vec<u32> {
+        if self.paused > 0 {
+            self.paused -= 1;
+            return Vec::new();
+        }
+        let wanted = self.length.min(limit);
+        if wanted == 0 {
+            return Vec::new();
+        }
+        for n in (MIN_NGRAM..=MAX_NGRAM).rev() {
+            if let Some(found) = continuation(history, n, wanted) {
+                return found.to_vec();
+            }
+        }
+        Vec::new()
+    }
+
+    /// Learns that `accepted` of the `drafted` tokens just proposed were kept: the next
+    /// draft is longer after a whole one was kept, as long as what was kept and one more
+    /// otherwise; and drafting pauses while the mean kept is below [`PAYS_OFF`].
+    pub fn learn(&mut self, drafted: usize, accepted: usize) {
+        if drafted == 0 {
+            return;
+        }
+        self.drafted_total += drafted;
+        self.accepted_total += accepted;
+        self.length = match accepted == drafted {
+            true => (drafted + 2).min(MAX_DRAFT),
+            false => (accepted + 1).max(2),
+        };
+        self.accepted += AVERAGE_WEIGHT * (accepted as f32 - self.accepted);
+        if self.accepted < PAYS_OFF {
+            self.paused = self.next_pause;
+            self.next_pause = (self.next_pause * 2).min(LONGEST_PAUSE);
+            // Tried afresh after the pause.
+            self.accepted = 1.0;
+            self.length = FIRST_DRAFT;
+        }
+    }
+}
+
+/// The up to `wanted` tokens after the latest earlier occurrence of `history`'s last `n`.
+fn continuation(history: &[u32], n: usize, wanted: usize) -> Option<&[u32]> {
+    let len = history.len();
+    if len <= n {
+        return None;
+    }
+    let tail = &history[len - n..];
+    // Starts of earlier occurrences, latest first; the tail itself is not one.
+    (0..len - n)
+        .rev()
+        .find(|&start| &history[start..start + n] == tail)
+        .map(|start| &history[start + n..(start + n + wanted).min(len)])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn continues_the_latest_earlier_occurrence_of_the_longest_tail() {
+        let mut drafter = Drafter::default();
+        // "1 2 3 4 5 ... 1 2 3" → 4 5 6 7 (the draft's first length).
+        let history = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3];
+        assert_eq!(drafter.propose(&history, 10), [4, 5, 6, 7]);
+        assert_eq!(drafter.propose(&history, 2), [4, 5]);
+        // The latest occurrence wins, and a continuation stops at the end of the text.
+        let history = [7, 8, 1, 7, 8, 2, 3, 7, 8];
+        assert_eq!(drafter.propose(&history, 10), [2, 3, 7, 8]);
+        // A three-token match is preferred to a later two-token one.
+        let history = [5, 6, 7, 1, 9, 6, 7, 2, 5, 6, 7];
+        assert_eq!(drafter.propose(&history, 1), [1]);
+        // No match of two tokens: nothing.
+        assert!(drafter.propose(&[1, 2, 3, 4, 3], 10).is_empty());
+        assert!(drafter.propose(&[], 10).is_empty());
+    }
+
+    #[test]
+    fn the_length_adapts_and_drafting_pauses_while_it_does_not_pay() {
+        let history: Vec<u32> = (0..40).chain(0..3).collect();
+        let mut drafter = Drafter::default();
+        assert_eq!(drafter.propose(&history, 99).len(), FIRST_DRAFT);
+        drafter.learn(4, 4);
+        assert_eq!(drafter.propose(&history, 99).len(), 6);
+        drafter.learn(6, 2);
+        assert_eq!(drafter.propose(&history, 99).len(), 3);
+        // Rejected again and again: the mean falls below what pays, and drafting stops
+        // for FIRST_PAUSE steps.
+        let mut rejected = 0;
+        while drafter.paused == 0 {
+            drafter.learn(2, 0);
+            rejected += 1;
+        }
+        assert!(rejected <= 6, "{rejected}");
+        for _ in 0..FIRST_PAUSE {
+            assert!(drafter.propose(&history, 99).is_empty());
+        }
+        assert_eq!(drafter.propose(&history, 99).len(), FIRST_DRAFT);
+        assert_eq!(drafter.next_pause, 2 * FIRST_PAUSE);
+        assert_eq!(
+            (drafter.drafted_total, drafter.accepted_total),
+            (10 + 2 * rejected, 6)
+        );
+    }
+}

@@ -40,6 +40,9 @@ pub struct Request {
     /// Kept caches are shared only between requests with the same salt (and API key), as
     /// vLLM's `cache_salt`.
     pub cache_salt: Option<String>,
+    /// llama-server's `speculative.n_max`: most tokens drafted at once for this request
+    /// (0: none), where the server drafts (`runtime serve --draft`).
+    pub draft_limit: Option<usize>,
     /// Choices per prompt (OpenAI's `n`), each sampled with the request's seed plus its
     /// index; the prompt runs once.
     pub n: usize,
@@ -543,6 +546,7 @@ fn common(
             "cache_salt must not be empty",
         ));
     }
+    let draft_limit = take(&mut fields, "speculative.n_max")?;
     for field in HARMLESS {
         fields.remove(field);
     }
@@ -560,6 +564,7 @@ fn common(
         model,
         logprobs,
         cache_salt,
+        draft_limit,
         n,
         grammar: None,
         format_param: "response_format",

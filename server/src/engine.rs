@@ -118,6 +118,8 @@ pub struct Job {
     pub options: GenerateOptions,
     /// Each generated token's log-probability, with this many alternatives.
     pub logprobs: Option<usize>,
+    /// Most tokens drafted at once for this request, where the server drafts (0: none).
+    pub draft_limit: Option<usize>,
     /// Who may share a kept cache with this request: requests reuse each other's caches
     /// only within one scope (the API key presented and the `cache_salt` field), so that
     /// `cached_tokens` cannot tell one client what another's prompt was.
@@ -328,6 +330,9 @@ pub struct Metrics {
     pub cancelled: AtomicU64,
     pub prompt_tokens: AtomicU64,
     pub completion_tokens: AtomicU64,
+    /// Tokens drafted (`--draft`) and, of those, kept: each kept one is a step saved.
+    pub draft_tokens: AtomicU64,
+    pub draft_tokens_accepted: AtomicU64,
     /// Nanoseconds spent running sequences (prefill and decode), for tok/s.
     pub busy_ns: AtomicU64,
     /// Responses the router gave, by route (its pattern, so the labels stay few) and
@@ -537,6 +542,9 @@ impl<B: KernelBackend> Engine<B> {
         let reuse = self.cache_for(kept, &job.prompt, &job.scope);
         match (self.generator).admit(&self.tokenizer, reuse, &job.prompt, job.options) {
             Ok(mut sequence) => {
+                if let Some(limit) = job.draft_limit {
+                    sequence.limit_drafts(limit);
+                }
                 if let Some(top) = job.logprobs {
                     sequence.record_logprobs(top);
                 }
@@ -666,6 +674,13 @@ impl<B: KernelBackend> Engine<B> {
         // A request's prompt, run once, is counted with its first choice.
         let counted = |tokens: usize| if forked { 0 } else { tokens };
         let cached_tokens = counted(sequence.reused_tokens());
+        let (drafted, kept_drafts) = sequence.drafted();
+        metrics
+            .draft_tokens
+            .fetch_add(drafted as u64, Ordering::Relaxed);
+        metrics
+            .draft_tokens_accepted
+            .fetch_add(kept_drafts as u64, Ordering::Relaxed);
         let (generation, (cache, ids)) =
             sequence.finish_keeping_cache(&mut |piece| rest.push_str(piece));
         kept.caches.push(KeptCache { cache, ids, scope });

@@ -128,12 +128,16 @@ async fn metrics(axum::extract::State(state): axum::extract::State<State>) -> Re
          # TYPE runtime_requests_cancelled_total counter\nruntime_requests_cancelled_total {}\n\
          # TYPE runtime_requests_running gauge\nruntime_requests_running {}\n\
          # TYPE runtime_requests_queued gauge\nruntime_requests_queued {}\n\
-         # TYPE runtime_completion_tokens_per_second gauge\nruntime_completion_tokens_per_second {tokens_per_s:.3}\n",
+         # TYPE runtime_completion_tokens_per_second gauge\nruntime_completion_tokens_per_second {tokens_per_s:.3}\n\
+         # TYPE runtime_draft_tokens_total counter\nruntime_draft_tokens_total {}\n\
+         # TYPE runtime_draft_tokens_accepted_total counter\nruntime_draft_tokens_accepted_total {}\n",
         load(&m.prompt_tokens),
         load(&m.requests),
         load(&m.cancelled),
         m.running.load(Ordering::Relaxed),
         m.queued.load(Ordering::Relaxed),
+        load(&m.draft_tokens),
+        load(&m.draft_tokens_accepted),
     );
     let mut body = body;
     body.push_str("# TYPE runtime_http_responses_total counter\n");
@@ -385,6 +389,7 @@ pub(crate) async fn start(
             prompt: ids,
             options,
             logprobs: request.logprobs,
+            draft_limit: request.draft_limit,
             scope: scope.clone(),
             events,
             constraint: constraints.next(),

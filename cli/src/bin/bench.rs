@@ -28,7 +28,7 @@ use clap::Parser;
 use cli::BackendKind;
 use kernels::int8::Matmul;
 use runtime::generate::sampling::{Sampler, SamplingParams, argmax};
-use runtime::generate::{GenerateOptions, Generator};
+use runtime::generate::{Draft, GenerateOptions, Generator};
 use runtime::model::backend::KernelBackend;
 use runtime::model::cache::KvDtype;
 use runtime::model::params::params;
@@ -37,6 +37,8 @@ use runtime::text::tokenizer::Tokenizer;
 use runtime::weights::layout::Weights;
 use runtime::{FlexBackend, NdArrayBackend};
 use serde::{Deserialize, Serialize};
+
+mod draft;
 
 #[derive(Parser)]
 #[command(about = "Benchmark the runtime llama-bench style")]
@@ -94,6 +96,13 @@ struct Cli {
     /// llama-server's default chain. 0 picks greedily through those same paths.
     #[arg(long, conflicts_with = "json_schema")]
     temperature: Option<f32>,
+    /// Measure speculative decoding instead, with this drafter (`ngram`): greedy answers to
+    /// three chat requests (copying a paragraph with a change, editing code, an open
+    /// question), each decoded plain and drafted (the same tokens, checked); with --gguf,
+    /// llama.cpp plain and with its prompt-lookup decoding on the same prompt ids. One
+    /// thread count (the first of --threads), the flex backend.
+    #[arg(long, value_name = "KIND", conflicts_with_all = ["streams", "json_schema", "temperature"])]
+    draft: Option<String>,
     /// Write SVG figures from these files of the bench's JSON lines (comma-separated)
     /// into --figures, and measure nothing.
     #[arg(long, value_delimiter = ',', value_name = "JSONL")]
@@ -146,6 +155,17 @@ fn run(cli: &Cli, started: Instant) -> Result<()> {
         return Ok(());
     }
     let threads = cli.threads.first().copied();
+    if let Some(kind) = &cli.draft {
+        let draft: Draft = kind.parse().map_err(anyhow::Error::msg)?;
+        if cli.child {
+            let samples = runtime::in_thread_pool(threads, || draft::measure::<FlexBackend>(cli, draft))??;
+            println!("{}", serde_json::to_string(&samples)?);
+            return Ok(());
+        }
+        let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
+        host(cores);
+        return draft::parent(cli, kind, threads.unwrap_or(cores));
+    }
     if cli.child && !cli.streams.is_empty() {
         let backend = cli.backends.first().context("--child needs one backend")?;
         let samples = runtime::in_thread_pool(threads, || match backend {

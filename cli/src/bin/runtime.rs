@@ -94,7 +94,7 @@ struct CommonArgs {
     /// pass over the weights. It changes no token (the output is the plain decoding's,
     /// greedy or sampled with a seed); faster where an answer repeats its prompt, and it
     /// pauses itself where its drafts are rejected.
-    #[arg(long, value_name = "KIND", value_parser = draft_kind)]
+    #[arg(long, value_name = "KIND", value_parser = str::parse::<Draft>)]
     draft: Option<Draft>,
     /// Print one JSON object instead of text.
     #[arg(long)]
@@ -107,16 +107,6 @@ struct CommonArgs {
     /// '{"enable_thinking": false}' for Qwen3 to answer without thinking first.
     #[arg(long, value_name = "JSON", value_parser = template_kwargs)]
     chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
-}
-
-/// `--draft`: what drafts tokens.
-fn draft_kind(text: &str) -> Result<Draft, String> {
-    match text {
-        "ngram" => Ok(Draft::Ngram),
-        other => Err(format!(
-            "{other:?} is not a drafter: ngram (prompt lookup) is the one there is"
-        )),
-    }
 }
 
 /// `--chat-template-kwargs`: a JSON object.

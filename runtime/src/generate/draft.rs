@@ -18,6 +18,20 @@ pub enum Draft {
     Ngram,
 }
 
+impl std::str::FromStr for Draft {
+    type Err = String;
+
+    /// `ngram`, as `--draft` names it.
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text {
+            "ngram" => Ok(Self::Ngram),
+            other => Err(format!(
+                "{other:?} is not a drafter: ngram (prompt lookup) is the one there is"
+            )),
+        }
+    }
+}
+
 /// Longest run of tokens matched against the text so far, tried first.
 const MAX_NGRAM: usize = 3;
 /// Shortest: a single matching token proposes too much that is wrong.
@@ -41,6 +55,8 @@ const LONGEST_PAUSE: usize = 512;
 /// what is accepted, and drafting pauses itself while it does not pay.
 #[derive(Debug, Clone)]
 pub struct Drafter {
+    /// Most tokens drafted at once ([`MAX_DRAFT`] unless a request asks for fewer).
+    pub limit: usize,
     /// Tokens to draft next time a match is found.
     length: usize,
     /// Mean tokens accepted per draft.
@@ -56,6 +72,7 @@ pub struct Drafter {
 impl Default for Drafter {
     fn default() -> Self {
         Self {
+            limit: MAX_DRAFT,
             length: FIRST_DRAFT,
             accepted: 1.0,
             paused: 0,
@@ -75,7 +92,7 @@ impl Drafter {
             self.paused -= 1;
             return Vec::new();
         }
-        let wanted = self.length.min(limit);
+        let wanted = self.length.min(self.limit).min(limit);
         if wanted == 0 {
             return Vec::new();
         }

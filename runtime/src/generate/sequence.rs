@@ -74,6 +74,14 @@ impl<B: KernelBackend> Sequence<'_, B> {
         self.drafter = None;
     }
 
+    /// Drafts at most `limit` tokens at once for this sequence (0: none), if it drafts.
+    pub fn limit_drafts(&mut self, limit: usize) {
+        match limit {
+            0 => self.drafter = None,
+            limit => (self.drafter.iter_mut()).for_each(|drafter| drafter.limit = limit),
+        }
+    }
+
     /// Tokens drafted for this sequence, and how many of them were kept.
     pub fn drafted(&self) -> (usize, usize) {
         (self.drafter.as_ref()).map_or((0, 0), |d| (d.drafted_total, d.accepted_total))

@@ -61,6 +61,7 @@ pub(crate) fn parse(body: &[u8], purpose: Purpose, thinks: bool) -> Result<Reque
         model: Some(model),
         logprobs: None,
         cache_salt: None,
+        draft_limit: None,
         n: 1,
         grammar,
         format_param: "output_config",

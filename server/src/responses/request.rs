@@ -147,6 +147,7 @@ pub(crate) fn parse(body: &[u8], thinks: Thinks) -> Result<Parsed, ApiError> {
         model,
         logprobs: None,
         cache_salt: None,
+        draft_limit: None,
         n: 1,
         grammar,
         format_param: "text.format",

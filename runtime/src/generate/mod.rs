@@ -719,7 +719,10 @@ impl<B: KernelBackend> Generator<B> {
 
     /// [`Self::decode_each`] for `rows[b]` consecutive tokens after `caches[b]` (`ids` holds
     /// each sequence's in order): `vocab_size` logits per token, each, bit for bit, what
-    /// decoding the tokens one at a time gives ([`Llama::decode_rows`]).
+    /// decoding the tokens one at a time gives ([`Llama::decode_rows`]). The sequences go
+    /// through in passes of at most [`KernelBackend::DECODE_BATCH`] rows (a sequence with
+    /// more, alone), the rows a pass of the matrix-vector kernels takes: more would send
+    /// the lm_head's product through another kernel, which sums in another order.
     pub fn decode_rows(
         &self,
         ids: &[u32],
@@ -731,19 +734,27 @@ impl<B: KernelBackend> Generator<B> {
         self.check_ids(ids)?;
         let vocab_size = self.config.vocab_size;
         let mut out = Vec::with_capacity(ids.len() * vocab_size);
-        let mut ids = ids;
-        for (caches, rows) in caches
-            .chunks_mut(B::DECODE_BATCH)
-            .zip(rows.chunks(B::DECODE_BATCH))
-        {
-            let (batch, rest) = ids.split_at(rows.iter().sum());
-            ids = rest;
-            let tokens: Vec<i64> = batch.iter().map(|&id| i64::from(id)).collect();
-            let tokens = TensorData::new(tokens, [batch.len(), 1]);
+        let (mut ids, mut caches, mut rows) = (ids, caches, rows);
+        while !rows.is_empty() {
+            // The most sequences whose rows fit one pass, at least one.
+            let mut total = 0;
+            let count = (rows.iter())
+                .take_while(|&&r| {
+                    total += r;
+                    total <= B::DECODE_BATCH
+                })
+                .count()
+                .max(1);
+            let (pass_caches, rest_caches) = std::mem::take(&mut caches).split_at_mut(count);
+            let (pass_rows, rest_rows) = rows.split_at(count);
+            let (pass_ids, rest_ids) = ids.split_at(pass_rows.iter().sum());
+            (caches, rows, ids) = (rest_caches, rest_rows, rest_ids);
+            let tokens: Vec<i64> = pass_ids.iter().map(|&id| i64::from(id)).collect();
+            let tokens = TensorData::new(tokens, [pass_ids.len(), 1]);
             let tokens = Tensor::<B, 2, Int>::from_data(tokens, &self.device);
             let logits = self
                 .model
-                .decode_rows(tokens, caches, rows, self.matmul)?
+                .decode_rows(tokens, pass_caches, pass_rows, self.matmul)?
                 .into_data();
             out.extend(
                 logits

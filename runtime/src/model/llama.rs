@@ -254,8 +254,9 @@ impl<B: KernelBackend> Llama<B> {
 
     /// [`Self::decode_each`] for several tokens of a sequence: `rows[b]` consecutive tokens
     /// after `caches[b]` (`tokens` holds each sequence's in order). Each token's logits are,
-    /// bit for bit, what decoding the tokens one at a time gives: checking `k` drafted
-    /// tokens reads the weights once and changes nothing (speculative decoding).
+    /// bit for bit, what decoding the tokens one at a time gives, for up to
+    /// [`KernelBackend::DECODE_BATCH`] rows in all: checking `k` drafted tokens reads the
+    /// weights once and changes nothing (speculative decoding).
     ///
     /// Fails, having run nothing, if any cache has no room for its rows or holds a batch of
     /// sequences.

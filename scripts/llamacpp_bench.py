@@ -2,7 +2,7 @@
 """llama.cpp's side of `bench --gguf`: the figures the runtime's bench child measures, taken
 the same way with llama-cpp-python on a GGUF, printed as one JSON line.
 
-Same tokens as runtime/src/bin/bench.rs (fixed ids spread over the vocabulary): pp128 and
+Same tokens as cli/src/bin/bench/main.rs (fixed ids spread over the vocabulary): pp128 and
 pp512 (each prompt in one call, fresh context), tg128 (128 single-token calls after `depth`
 prompt tokens, the token fed being the next fixed id: llama.cpp's speed does not depend on
 which), load (process start to model ready) and peak RSS of this process.

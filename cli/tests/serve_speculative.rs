@@ -82,12 +82,23 @@ fn the_command_line_drafts_the_same_answer() {
     let Some(dir) = artifact_dir() else { return };
     let run = |extra: &[&str]| {
         let out = Command::new(env!("CARGO_BIN_EXE_runtime"))
-            .args(["--artifacts", &dir, "--chat", "--temperature", "0", "--json"])
+            .args([
+                "--artifacts",
+                &dir,
+                "--chat",
+                "--temperature",
+                "0",
+                "--json",
+            ])
             .args(["--prompt", COPYING, "--max-new-tokens", "60"])
             .args(extra)
             .output()
             .unwrap();
-        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let answer: Value = serde_json::from_slice(&out.stdout).unwrap();
         answer["text"].as_str().unwrap().to_string()
     };
@@ -97,5 +108,8 @@ fn the_command_line_drafts_the_same_answer() {
         .output()
         .unwrap();
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && stderr.contains("ngram"), "{stderr}");
+    assert!(
+        !out.status.success() && stderr.contains("ngram"),
+        "{stderr}"
+    );
 }

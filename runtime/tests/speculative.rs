@@ -79,9 +79,10 @@ fn generate_together(
             break;
         }
     }
-    let drafted = sequences.iter().map(Sequence::drafted).fold((0, 0), |a, b| {
-        (a.0 + b.0, a.1 + b.1)
-    });
+    let drafted = sequences
+        .iter()
+        .map(Sequence::drafted)
+        .fold((0, 0), |a, b| (a.0 + b.0, a.1 + b.1));
     let tokens = sequences.iter().map(|s| s.tokens().to_vec()).collect();
     (tokens, drafted)
 }
@@ -98,7 +99,10 @@ fn assert_same_tokens(
     for (i, (plain, drafted)) in plain.iter().zip(&drafted).enumerate() {
         assert_eq!(drafted, plain, "{what}: prompt {i}");
     }
-    assert!(kept > 0 && made >= kept, "{what}: {kept} of {made} drafted tokens kept");
+    assert!(
+        kept > 0 && made >= kept,
+        "{what}: {kept} of {made} drafted tokens kept"
+    );
 }
 
 #[test]

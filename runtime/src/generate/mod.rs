@@ -32,8 +32,8 @@ mod scoring;
 mod sequence;
 mod stop;
 
-pub use scoring::Perplexity;
 pub use draft::{Draft, Drafter};
+pub use scoring::Perplexity;
 pub use sequence::Sequence;
 use sequence::{Picked, Picker};
 use stop::StopText;
@@ -593,10 +593,13 @@ impl<B: KernelBackend> Generator<B> {
                 .map(|picker| picker.as_mut().map(Picker::pick))
                 .collect()
         };
-        let picks = picks.into_iter().zip(pending).map(|(picked, pending)| match pending {
-            Some(pending) => Some(Ok(pending)),
-            None => picked,
-        });
+        let picks = picks
+            .into_iter()
+            .zip(pending)
+            .map(|(picked, pending)| match pending {
+                Some(pending) => Some(Ok(pending)),
+                None => picked,
+            });
         for ((i, s), (ready, picked)) in sequences
             .iter_mut()
             .enumerate()
@@ -618,7 +621,10 @@ impl<B: KernelBackend> Generator<B> {
                 .flat_map(|(_, next, drafted)| std::iter::once(next).chain(drafted))
                 .copied()
                 .collect();
-            let rows: Vec<usize> = running.iter().map(|(.., drafted)| 1 + drafted.len()).collect();
+            let rows: Vec<usize> = running
+                .iter()
+                .map(|(.., drafted)| 1 + drafted.len())
+                .collect();
             let mut caches: Vec<&mut KvCache<B>> = Vec::with_capacity(running.len());
             // The running sequences' caches, each borrowed apart from the others.
             let mut rest: &mut [&mut Sequence<'_, B>] = sequences;
@@ -632,13 +638,16 @@ impl<B: KernelBackend> Generator<B> {
             }
             match self.decode_rows(&ids, &mut caches, &rows) {
                 Ok(logits) => {
-                    let mut rows = logits.chunks_exact(self.config.vocab_size);
+                    let vocab_size = self.config.vocab_size;
+                    let mut rest = logits.as_slice();
                     for (i, _, drafted) in &running {
                         let s = &mut sequences[*i];
-                        let rows = rows.by_ref().take(1 + drafted.len());
-                        let checked = self.check_draft(s, drafted, rows, &mut |piece: &str| {
-                            on_text(*i, piece)
-                        });
+                        // This sequence's rows, whichever of them its check reads.
+                        let (rows, after) = rest.split_at((1 + drafted.len()) * vocab_size);
+                        rest = after;
+                        let rows = rows.chunks_exact(vocab_size);
+                        let checked = self
+                            .check_draft(s, drafted, rows, &mut |piece: &str| on_text(*i, piece));
                         if let Err(e) = checked {
                             results[*i] = Err(e);
                         }
@@ -729,8 +738,16 @@ impl<B: KernelBackend> Generator<B> {
         caches: &mut [&mut KvCache<B>],
         rows: &[usize],
     ) -> Result<Vec<f32>, GenerateError> {
-        assert_eq!(caches.len(), rows.len(), "decode_rows: a row count per cache");
-        assert_eq!(ids.len(), rows.iter().sum::<usize>(), "decode_rows: an id per row");
+        assert_eq!(
+            caches.len(),
+            rows.len(),
+            "decode_rows: a row count per cache"
+        );
+        assert_eq!(
+            ids.len(),
+            rows.iter().sum::<usize>(),
+            "decode_rows: an id per row"
+        );
         self.check_ids(ids)?;
         let vocab_size = self.config.vocab_size;
         let mut out = Vec::with_capacity(ids.len() * vocab_size);

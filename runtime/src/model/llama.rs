@@ -271,7 +271,11 @@ impl<B: KernelBackend> Llama<B> {
         matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
         assert_eq!(caches.len(), rows.len(), "a row count per cache");
-        assert_eq!(tokens.dims()[0], rows.iter().sum::<usize>(), "a token per row");
+        assert_eq!(
+            tokens.dims()[0],
+            rows.iter().sum::<usize>(),
+            "a token per row"
+        );
         for (cache, &rows) in caches.iter().zip(rows) {
             cache.check_room(1, rows)?;
         }
@@ -666,10 +670,17 @@ mod tests {
                 // Both in the same pool: decode attention splits keys by the thread count.
                 let (fused, composed) = crate::in_thread_pool(Some(threads), || {
                     team::with_team(|| {
-                        let fused = LayerCache::append_each(&mut [fused_layer_cache], &[1], |caches| {
-                            let ropes = std::slice::from_ref(&rope);
-                            FlexBackend::decode_layer(&x, &layer.weights(), shape, caches, ropes)
-                        });
+                        let fused =
+                            LayerCache::append_each(&mut [fused_layer_cache], &[1], |caches| {
+                                let ropes = std::slice::from_ref(&rope);
+                                FlexBackend::decode_layer(
+                                    &x,
+                                    &layer.weights(),
+                                    shape,
+                                    caches,
+                                    ropes,
+                                )
+                            });
                         let composed =
                             layer.forward_composed(x, composed_layer_cache, &rope, Matmul::Exact);
                         (fused, composed)
@@ -830,8 +841,8 @@ mod batch_tests {
                     let new_caches = || -> Vec<KvCache<FlexBackend>> {
                         (lengths.iter().enumerate())
                             .map(|(s, &len)| {
-                                let mut cache = KvCache::new(config, 1, 100, dtype, &device)
-                                    .expect("a cache");
+                                let mut cache =
+                                    KvCache::new(config, 1, 100, dtype, &device).expect("a cache");
                                 for t in 0..len {
                                     let token = ((s * 11 + t * 5) % 50) as u32;
                                     model

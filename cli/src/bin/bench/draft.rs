@@ -37,10 +37,7 @@ const TASKS: [(&str, &str); 3] = [
          continue\n        total += value\n        count += 1\n    if count == 0:\n        \
          return 0.0\n    return total / count\n```",
     ),
-    (
-        "chat",
-        "Tell me about the history of the Roman Empire.",
-    ),
+    ("chat", "Tell me about the history of the Roman Empire."),
 ];
 
 /// One answer's figures.
@@ -116,7 +113,12 @@ pub fn parent(cli: &Cli, draft: &str, threads: usize) -> Result<()> {
     // The prompts as token ids (a JSON list), for llama.cpp.
     let tokenizer = Tokenizer::from_dir(&cli.artifacts)?;
     let prompts = (TASKS.iter())
-        .map(|(task, message)| Ok((*task, serde_json::to_string(&tokenizer.encode_chat(None, message)?)?)))
+        .map(|(task, message)| {
+            Ok((
+                *task,
+                serde_json::to_string(&tokenizer.encode_chat(None, message)?)?,
+            ))
+        })
         .collect::<Result<Vec<_>>>()?;
     let samples = alternate(
         cli.runs,
@@ -169,11 +171,16 @@ pub fn parent(cli: &Cli, draft: &str, threads: usize) -> Result<()> {
             }
         };
         for (task, _) in TASKS {
-            let runs = |drafted: bool| samples.iter().filter(move |s| s.task == task && s.drafted == drafted);
+            let runs = |drafted: bool| {
+                samples
+                    .iter()
+                    .filter(move |s| s.task == task && s.drafted == drafted)
+            };
             let speed = |drafted| median(runs(drafted).map(|s| s.decode_tok_s).collect());
             let (plain, drafted) = (speed(false), speed(true));
             let tokens = runs(true).map(|s| s.tokens).max().unwrap_or(0);
-            let (proposed, kept) = runs(true).fold((0, 0), |(p, k), s| (p + s.proposed, k + s.kept));
+            let (proposed, kept) =
+                runs(true).fold((0, 0), |(p, k), s| (p + s.proposed, k + s.kept));
             let kept_cell = match engine {
                 Engine::Ours(_) => format!("{kept} of {proposed}"),
                 Engine::LlamaCpp(_) => "-".to_string(),

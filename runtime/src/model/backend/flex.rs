@@ -142,8 +142,9 @@ impl KernelBackend for FlexBackend {
         // A (cos, sin) pair of rows for each row of x: a sequence's table has one per row.
         let rope: Vec<(&[f32], &[f32])> = (tables.iter().zip(&caches))
             .flat_map(|((cos, sin), cache)| {
-                let width = cos.storage().len() / cache.rows;
-                (cos.storage().chunks_exact(width)).zip(sin.storage().chunks_exact(width))
+                let (cos, sin): (&[f32], &[f32]) = (cos.storage(), sin.storage());
+                let width = cos.len() / cache.rows;
+                cos.chunks_exact(width).zip(sin.chunks_exact(width))
             })
             .collect();
         // Owned, contiguous (the cache allocates them so) and not shared: written in place.
@@ -151,7 +152,12 @@ impl KernelBackend for FlexBackend {
         let mut buffers: Vec<(FlexTensor, FlexTensor, usize, usize)> = (caches.iter_mut())
             .map(|c| {
                 let (keys, values) = (flex(take(&mut *c.keys)), flex(take(&mut *c.values)));
-                (keys.to_contiguous(), values.to_contiguous(), c.position, c.rows)
+                (
+                    keys.to_contiguous(),
+                    values.to_contiguous(),
+                    c.position,
+                    c.rows,
+                )
             })
             .collect();
         let mut out = flex(x.clone()).to_contiguous();

@@ -158,7 +158,8 @@ fn run(cli: &Cli, started: Instant) -> Result<()> {
     if let Some(kind) = &cli.draft {
         let draft: Draft = kind.parse().map_err(anyhow::Error::msg)?;
         if cli.child {
-            let samples = runtime::in_thread_pool(threads, || draft::measure::<FlexBackend>(cli, draft))??;
+            let samples =
+                runtime::in_thread_pool(threads, || draft::measure::<FlexBackend>(cli, draft))??;
             println!("{}", serde_json::to_string(&samples)?);
             return Ok(());
         }

@@ -202,8 +202,7 @@ bench-1b *args: build llamacpp-venv
 # Batched decoding (what `runtime serve --parallel` runs) beside llama.cpp's on the BF16 and
 # F32 GGUFs, greedy and sampled, and the server under 1 and 8 clients over HTTP:
 # just bench-serving --runs 3 (after `just bench-llamacpp` has made the GGUFs)
-# Speculative decoding by prompt lookup beside llama.cpp's (llama-cpp-python's
-# LlamaPromptLookupDecoding) on the same BF16 weights and prompt ids.
+# Speculative decoding (--draft ngram) beside llama.cpp's prompt lookup on the same BF16 weights
 bench-draft *args: build llamacpp-ggufs
     {{bin}}/bench --draft ngram --python target/llamacpp/venv/bin/python \
         --gguf target/llamacpp/bf16.gguf {{args}}

@@ -714,6 +714,35 @@ mod batch_tests {
     use crate::model::config::Biases;
     use crate::model::testing::Randomize;
 
+    /// `tokens` as a `[n, 1]` batch of ids.
+    fn ids<B: Backend>(tokens: &[u32], device: &B::Device) -> Tensor<B, 2, Int> {
+        let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
+        Tensor::from_data(TensorData::new(ids, [tokens.len(), 1]), device)
+    }
+
+    /// A cache per prompt length, each prompt (ids `(s * 13 + t * salt) % 50` for sequence
+    /// `s`, token `t`) decoded one token at a time.
+    fn prefilled(
+        model: &Llama<FlexBackend>,
+        config: &LlamaConfig,
+        lengths: &[usize],
+        dtype: KvDtype,
+        salt: usize,
+    ) -> Vec<KvCache<FlexBackend>> {
+        let device = Default::default();
+        (lengths.iter().enumerate())
+            .map(|(s, &len)| {
+                let mut cache = KvCache::new(config, 1, 100, dtype, &device).expect("a cache");
+                for t in 0..len {
+                    let token = ((s * 13 + t * salt) % 50) as u32;
+                    (model.decode(ids(&[token], &device), &mut cache, Matmul::Exact))
+                        .expect("room");
+                }
+                cache
+            })
+            .collect()
+    }
+
     /// Several sequences of different lengths decoded together (`decode_each`) get, bit for
     /// bit, the logits each gets decoded alone, step after step, as sequences finish and
     /// the batch shrinks: two layers with every bias, at 1, 2 and 3 threads. A difference
@@ -733,32 +762,12 @@ mod batch_tests {
             .init::<FlexBackend>(&device)
             .map(&mut Randomize(11))
             .with_matvec_layout(false);
-        let ids = |tokens: &[u32]| {
-            let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
-            Tensor::<FlexBackend, 2, Int>::from_data(
-                TensorData::new(ids, [tokens.len(), 1]),
-                &device,
-            )
-        };
+        let ids = |tokens: &[u32]| ids(tokens, &device);
         for threads in [1, 2, 3] {
             crate::in_thread_pool(Some(threads), || {
                 // Prompts of 1, 7, 20, 33 and 60 tokens, prefilled one token at a time.
                 let lengths = [1usize, 7, 20, 33, 60];
-                let new_caches = || -> Vec<KvCache<FlexBackend>> {
-                    (lengths.iter().enumerate())
-                        .map(|(s, &len)| {
-                            let mut cache = KvCache::new(&config, 1, 100, KvDtype::F32, &device)
-                                .expect("a cache");
-                            for t in 0..len {
-                                let token = ((s * 13 + t * 7) % 50) as u32;
-                                model
-                                    .decode(ids(&[token]), &mut cache, Matmul::Exact)
-                                    .expect("room");
-                            }
-                            cache
-                        })
-                        .collect()
-                };
+                let new_caches = || prefilled(&model, &config, &lengths, KvDtype::F32, 7);
                 let (mut together, mut alone) = (new_caches(), new_caches());
                 for step in 0..12 {
                     // Sequence s runs 12 - 2s steps: the batch shrinks from 5 to 1.
@@ -827,32 +836,12 @@ mod batch_tests {
                 .init::<FlexBackend>(&device)
                 .map(&mut Randomize(5 + c as u64))
                 .with_matvec_layout(false);
-            let ids = |tokens: &[u32]| {
-                let ids: Vec<i64> = tokens.iter().map(|&t| i64::from(t)).collect();
-                Tensor::<FlexBackend, 2, Int>::from_data(
-                    TensorData::new(ids, [tokens.len(), 1]),
-                    &device,
-                )
-            };
+            let ids = |tokens: &[u32]| ids(tokens, &device);
             for (threads, dtype) in [(1, KvDtype::F32), (3, KvDtype::F32), (3, KvDtype::Bf16)] {
                 crate::in_thread_pool(Some(threads), || {
                     // Three sequences after prompts of 1, 6 and 17 tokens; rows of 1 to 7.
                     let lengths = [1usize, 6, 17];
-                    let new_caches = || -> Vec<KvCache<FlexBackend>> {
-                        (lengths.iter().enumerate())
-                            .map(|(s, &len)| {
-                                let mut cache =
-                                    KvCache::new(config, 1, 100, dtype, &device).expect("a cache");
-                                for t in 0..len {
-                                    let token = ((s * 11 + t * 5) % 50) as u32;
-                                    model
-                                        .decode(ids(&[token]), &mut cache, Matmul::Exact)
-                                        .expect("room");
-                                }
-                                cache
-                            })
-                            .collect()
-                    };
+                    let new_caches = || prefilled(&model, config, &lengths, dtype, 5);
                     let (mut together, mut alone) = (new_caches(), new_caches());
                     for (pass, rows) in [[3, 1, 7], [1, 5, 2], [6, 1, 1]].iter().enumerate() {
                         let tokens: Vec<u32> = (0..rows.iter().sum::<usize>())

@@ -16,6 +16,8 @@
 //! costs here, most of it attention over the context (the square of the positions decoded):
 //! the whole text decoded as one stream took 60-110 s on a busy 2-core machine.
 
+mod common;
+
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
@@ -116,17 +118,7 @@ impl LlamaCpp {
 /// The artifact, if it is there and the kernels the test `needs` run at this tier
 /// (`testing::runs`, which says why not, and fails where the module's introduction says).
 fn artifact_dir(needs: Needs) -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../artifacts/smollm2-135m-instruct");
-    if dir.join("model.mpk").exists() {
-        return testing::runs(needs).then_some(dir);
-    }
-    assert!(
-        std::env::var_os("REQUIRE_MODEL").is_none(),
-        "{} has no model.mpk: run `just fetch convert`",
-        dir.display()
-    );
-    eprintln!("skipped: no converted model in {}", dir.display());
-    None
+    common::artifact_dir().filter(|_| testing::runs(needs))
 }
 
 /// The model with its projections quantized to `ty` at load, its products as `matmul` says

@@ -11,8 +11,11 @@
 //! Skipped when the artifact is missing; `REQUIRE_MODEL=1` (set by `just test`) makes that
 //! a failure instead.
 
-use std::path::PathBuf;
+mod common;
+
 use std::sync::OnceLock;
+
+use common::artifact_dir;
 
 use runtime::generate::sampling::SamplingParams;
 use runtime::generate::{GenerateOptions, Generator, StopReason};
@@ -63,23 +66,6 @@ struct PplIds {
 
 fn golden() -> Golden {
     serde_json::from_str(include_str!("data/golden.json")).unwrap()
-}
-
-fn artifact_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../artifacts/smollm2-135m-instruct");
-    if dir.join("model.mpk").exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("REQUIRE_MODEL").is_none(),
-        "{} has no model.mpk: run `just fetch convert`",
-        dir.display()
-    );
-    eprintln!(
-        "skipped: no converted model in {} (run `just fetch convert`)",
-        dir.display()
-    );
-    None
 }
 
 /// The model and tokenizer, loaded once for all tests in this file.

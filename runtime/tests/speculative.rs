@@ -7,7 +7,7 @@
 //! Skipped when the artifact is missing; `REQUIRE_MODEL=1` (set by `just test`) makes that
 //! a failure instead.
 
-use std::path::PathBuf;
+mod common;
 
 use kernels::quant::BlockType;
 use runtime::generate::sampling::SamplingParams;
@@ -22,20 +22,6 @@ const COPYING: &str = "Repeat the following text exactly, word for word:\n\nThe 
     into the forest to find its family. At night the fox returns and the dog is still asleep.";
 /// An open question, where few drafts are kept.
 const OPEN: &str = "Write a short poem about the sea.";
-
-fn artifact_dir() -> Option<PathBuf> {
-    let dir = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../artifacts/smollm2-135m-instruct");
-    if dir.join("model.mpk").exists() {
-        return Some(dir);
-    }
-    assert!(
-        std::env::var_os("REQUIRE_MODEL").is_none(),
-        "{} has no model.mpk: run `just fetch convert`",
-        dir.display()
-    );
-    eprintln!("skipped: no converted model in {}", dir.display());
-    None
-}
 
 fn options(temperature: f32, seed: u64, max_new_tokens: usize) -> GenerateOptions {
     GenerateOptions {
@@ -107,7 +93,9 @@ fn assert_same_tokens(
 
 #[test]
 fn greedy_tokens_are_the_same_with_drafts_alone_and_in_a_batch() {
-    let Some(dir) = artifact_dir() else { return };
+    let Some(dir) = common::artifact_dir() else {
+        return;
+    };
     let generator = Generator::<FlexBackend>::load(&dir, &Default::default()).unwrap();
     let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     for threads in [1, 3] {
@@ -130,7 +118,9 @@ fn greedy_tokens_are_the_same_with_drafts_alone_and_in_a_batch() {
 /// same tokens, drafting or not.
 #[test]
 fn sampled_tokens_are_the_same_with_drafts_for_a_seed() {
-    let Some(dir) = artifact_dir() else { return };
+    let Some(dir) = common::artifact_dir() else {
+        return;
+    };
     let generator = Generator::<FlexBackend>::load(&dir, &Default::default()).unwrap();
     let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     let prompts = [
@@ -145,7 +135,9 @@ fn sampled_tokens_are_the_same_with_drafts_for_a_seed() {
 /// `--matmul`), the checks still change nothing.
 #[test]
 fn every_weight_format_gives_the_same_tokens_with_drafts() {
-    let Some(dir) = artifact_dir() else { return };
+    let Some(dir) = common::artifact_dir() else {
+        return;
+    };
     let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     for weights in [
         Weights::F32,

@@ -98,3 +98,33 @@ pub fn with_load_progress<T>(
     let _ = shown.join();
     result
 }
+
+/// `--draft`: `ngram` (prompt lookup), or the artifact directory of a draft model sharing
+/// the model's tokenizer, loaded with `weights` (and the generator's cache type and
+/// products), which then drafts for `generator`.
+pub fn set_draft<B: runtime::model::backend::KernelBackend>(
+    generator: &mut runtime::generate::Generator<B>,
+    draft: &str,
+    weights: runtime::weights::layout::Weights,
+) -> anyhow::Result<()> {
+    use anyhow::Context;
+    use runtime::generate::{Draft, Generator};
+
+    if let Ok(draft) = draft.parse::<Draft>() {
+        generator.draft = Some(draft);
+        return Ok(());
+    }
+    let dir = std::path::Path::new(draft);
+    anyhow::ensure!(
+        dir.is_dir(),
+        "--draft {draft:?} is neither ngram nor a directory holding a draft model's artifact"
+    );
+    let mut model = with_load_progress("loading the draft model", |progress| {
+        Generator::<B>::load_watched(dir, &Default::default(), weights, progress)
+    })
+    .with_context(|| format!("cannot load the draft model in {}", dir.display()))?;
+    model.kv_dtype = generator.kv_dtype;
+    model.matmul = generator.matmul;
+    generator.set_draft_model(model)?;
+    Ok(())
+}

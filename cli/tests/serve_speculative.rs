@@ -1,7 +1,8 @@
 //! `--draft ngram` (speculative decoding) through the real binaries on the real model: the
 //! command line and the server answer with the same text as without drafts, greedy and
 //! sampled with a seed, several requests at once; `speculative.n_max: 0` turns drafting off
-//! for a request; `/metrics` counts the tokens drafted and kept.
+//! for a request; `/metrics` counts the tokens drafted and kept; a draft model (the model's
+//! own q4_0 copy) drafts the same answer, and one of another vocabulary is refused.
 
 mod common;
 

@@ -42,14 +42,14 @@ fn generate_together(
     generator: &Generator<FlexBackend>,
     tokenizer: &Tokenizer,
     prompts: &[(&str, GenerateOptions)],
-    draft: bool,
+    draft: Option<Draft>,
 ) -> (Vec<Vec<u32>>, (usize, usize)) {
     let mut sequences: Vec<Sequence<'_, FlexBackend>> = (prompts.iter())
         .map(|(prompt, options)| {
             let ids = tokenizer.encode_chat(None, prompt).unwrap();
             let mut sequence = generator.start(tokenizer, &ids, options.clone()).unwrap();
-            if draft {
-                sequence.start_drafting(Draft::Ngram);
+            if let Some(draft) = draft {
+                sequence.start_drafting(draft);
             }
             sequence
         })
@@ -73,15 +73,26 @@ fn generate_together(
     (tokens, drafted)
 }
 
-/// Drafting gives the same tokens, and some drafts were kept.
+/// Drafting by prompt lookup gives the same tokens, and some drafts were kept.
 fn assert_same_tokens(
     generator: &Generator<FlexBackend>,
     tokenizer: &Tokenizer,
     prompts: &[(&str, GenerateOptions)],
     what: &str,
 ) {
-    let (plain, _) = generate_together(generator, tokenizer, prompts, false);
-    let (drafted, (made, kept)) = generate_together(generator, tokenizer, prompts, true);
+    assert_same_tokens_with(generator, tokenizer, prompts, Draft::Ngram, what);
+}
+
+/// Drafting with `draft` gives the same tokens, and some drafts were kept.
+fn assert_same_tokens_with(
+    generator: &Generator<FlexBackend>,
+    tokenizer: &Tokenizer,
+    prompts: &[(&str, GenerateOptions)],
+    draft: Draft,
+    what: &str,
+) {
+    let (plain, _) = generate_together(generator, tokenizer, prompts, None);
+    let (drafted, (made, kept)) = generate_together(generator, tokenizer, prompts, Some(draft));
     for (i, (plain, drafted)) in plain.iter().zip(&drafted).enumerate() {
         assert_eq!(drafted, plain, "{what}: prompt {i}");
     }
@@ -149,4 +160,27 @@ fn every_weight_format_gives_the_same_tokens_with_drafts() {
         let prompts = [(COPYING, options(0.0, 0, 60)), (OPEN, options(0.0, 0, 20))];
         assert_same_tokens(&generator, &tokenizer, &prompts, &format!("{weights:?}"));
     }
+}
+
+/// The model's own copy in q4_0 blocks drafting for it (`Draft::Model`): the same tokens,
+/// greedy and sampled, alone and three at once; most drafts kept.
+#[test]
+fn a_draft_model_changes_no_token() {
+    let Some(dir) = common::artifact_dir() else { return };
+    let mut generator = Generator::<FlexBackend>::load(&dir, &Default::default()).unwrap();
+    let tokenizer = Tokenizer::from_dir(&dir).unwrap();
+    let draft = Generator::<FlexBackend>::load_with(
+        &dir,
+        &Default::default(),
+        Weights::Blocks(BlockType::Q4_0),
+    )
+    .unwrap();
+    generator.set_draft_model(draft).unwrap();
+    let prompts = [
+        (OPEN, options(0.0, 0, 60)),
+        (COPYING, options(0.7, 3, 60)),
+        ("Name three colours.", options(0.0, 0, 30)),
+    ];
+    assert_same_tokens_with(&generator, &tokenizer, &prompts[..1], Draft::Model, "alone");
+    assert_same_tokens_with(&generator, &tokenizer, &prompts, Draft::Model, "three");
 }

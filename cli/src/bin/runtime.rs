@@ -12,7 +12,7 @@ use cli::BackendKind;
 use cli::logprobs::{Logprobs, divergence};
 use kernels::int8::Matmul;
 use runtime::generate::sampling::{SamplingParams, defaults};
-use runtime::generate::{Draft, GenerateOptions, Generation, Generator};
+use runtime::generate::{GenerateOptions, Generation, Generator};
 use runtime::model::backend::KernelBackend;
 use runtime::model::cache::KvDtype;
 use runtime::text::grammar::Grammar;
@@ -90,12 +90,17 @@ struct CommonArgs {
     #[arg(long, default_value = "auto")]
     matmul: Matmul,
     /// Speculative decoding: `ngram` drafts the next tokens from an earlier occurrence of
-    /// the last ones in the prompt and the answer (prompt lookup) and checks them all in one
-    /// pass over the weights. It changes no token (the output is the plain decoding's,
-    /// greedy or sampled with a seed); faster where an answer repeats its prompt, and it
-    /// pauses itself where its drafts are rejected.
-    #[arg(long, value_name = "KIND", value_parser = str::parse::<Draft>)]
-    draft: Option<Draft>,
+    /// the last ones in the prompt and the answer (prompt lookup); a directory names a
+    /// smaller model's artifact, with the same tokenizer, that drafts them greedily. The
+    /// model checks a draft in one pass over its weights. It changes no token (the output
+    /// is the plain decoding's, greedy or sampled with a seed); drafting pauses itself
+    /// where its drafts are rejected.
+    #[arg(long, value_name = "ngram|DIR")]
+    draft: Option<String>,
+    /// How the draft model's weight matrices are kept (as --weights): q4_0 makes a quick
+    /// drafter of the model's own artifact.
+    #[arg(long, default_value = "auto", requires = "draft")]
+    draft_weights: Weights,
     /// Print one JSON object instead of text.
     #[arg(long)]
     json: bool,
@@ -483,7 +488,9 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     })?;
     generator.kv_dtype = common.kv_cache;
     generator.matmul = common.matmul;
-    generator.draft = common.draft;
+    if let Some(draft) = &common.draft {
+        cli::set_draft(&mut generator, draft, common.draft_weights)?;
+    }
     // A rounding asked for by name that this CPU or these weights leave unused.
     let asked = match common.matmul {
         Matmul::Int8 => Some((

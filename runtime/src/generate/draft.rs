@@ -4,29 +4,41 @@
 //! one-token step gives, and each is picked from as a step would pick (the same sampler
 //! draw), so the output is the plain decoding's, greedy or sampled with the same seed.
 //!
-//! [`Drafter::Ngram`] is prompt lookup: the text so far (prompt and answer) is searched for
+//! [`Draft::Ngram`] is prompt lookup: the text so far (prompt and answer) is searched for
 //! an earlier occurrence of its last few tokens, and what followed it then is the guess. It
 //! needs no second model and pays off where an answer repeats its prompt (editing a passage
 //! or code, quoting, summarizing with the source's words).
 //!
+//! [`Draft::Model`] asks a smaller model that shares the tokenizer (the generator's
+//! [`draft_model`](super::Generator::draft_model), say SmolLM2-135M for a larger SmolLM2, or
+//! the model's own copy in 4-bit blocks) for its greedy continuation. It keeps its own KV
+//! cache per sequence, run up to the tokens the sequence has kept.
+//!
 //! [`Llama::decode_rows`]: crate::model::llama::Llama::decode_rows
+
+use super::sampling::argmax;
+use super::{GenerateError, Generator};
+use crate::model::backend::KernelBackend;
+use crate::model::cache::KvCache;
 
 /// What drafts tokens for a sequence (`--draft`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Draft {
     /// Prompt lookup: continue an earlier occurrence of the last tokens.
     Ngram,
+    /// The generator's draft model, greedy.
+    Model,
 }
 
 impl std::str::FromStr for Draft {
     type Err = String;
 
-    /// `ngram`, as `--draft` names it.
+    /// `ngram`, as `--draft` names it (a draft model is named by its directory).
     fn from_str(text: &str) -> Result<Self, String> {
         match text {
             "ngram" => Ok(Self::Ngram),
             other => Err(format!(
-                "{other:?} is not a drafter: ngram (prompt lookup) is the one there is"
+                "{other:?} is not a drafter: ngram (prompt lookup), or a draft model's directory"
             )),
         }
     }
@@ -55,6 +67,7 @@ const LONGEST_PAUSE: usize = 512;
 /// what is accepted, and drafting pauses itself while it does not pay.
 #[derive(Debug, Clone)]
 pub struct Drafter {
+    pub kind: Draft,
     /// Most tokens drafted at once ([`MAX_DRAFT`] unless a request asks for fewer).
     pub limit: usize,
     /// Tokens to draft next time a match is found.
@@ -69,9 +82,11 @@ pub struct Drafter {
     pub accepted_total: usize,
 }
 
-impl Default for Drafter {
-    fn default() -> Self {
+impl Drafter {
+    /// A drafter of `kind`, with no history of drafts.
+    pub fn new(kind: Draft) -> Self {
         Self {
+            kind,
             limit: MAX_DRAFT,
             length: FIRST_DRAFT,
             accepted: 1.0,
@@ -81,27 +96,23 @@ impl Default for Drafter {
             accepted_total: 0,
         }
     }
-}
 
-impl Drafter {
-    /// Up to `limit` tokens that may follow `history` (the prompt and the tokens so far):
-    /// what followed the latest earlier occurrence of its last [`MAX_NGRAM`] tokens (or
-    /// fewer, down to [`MIN_NGRAM`]). Empty while paused or without a match.
-    pub fn propose(&mut self, history: &[u32], limit: usize) -> Vec<u32> {
+    /// How many tokens to draft now, at most `limit`: none while paused.
+    pub fn wanted(&mut self, limit: usize) -> usize {
         if self.paused > 0 {
             self.paused -= 1;
-            return Vec::new();
+            return 0;
         }
-        let wanted = self.length.min(self.limit).min(limit);
-        if wanted == 0 {
-            return Vec::new();
+        self.length.min(self.limit).min(limit)
+    }
+
+    /// Up to `limit` tokens that may follow `history` by prompt lookup ([`ngram`]), as
+    /// many as [`Self::wanted`] says.
+    pub fn propose(&mut self, history: &[u32], limit: usize) -> Vec<u32> {
+        match self.wanted(limit) {
+            0 => Vec::new(),
+            wanted => ngram(history, wanted),
         }
-        for n in (MIN_NGRAM..=MAX_NGRAM).rev() {
-            if let Some(found) = continuation(history, n, wanted) {
-                return found.to_vec();
-            }
-        }
-        Vec::new()
     }
 
     /// Learns that `accepted` of the `drafted` tokens just proposed were kept: the next
@@ -128,6 +139,36 @@ impl Drafter {
     }
 }
 
+/// Up to `wanted` tokens that may follow `history`: what followed the latest earlier
+/// occurrence of its last [`MAX_NGRAM`] tokens (or fewer, down to [`MIN_NGRAM`]). Empty
+/// without a match.
+pub fn ngram(history: &[u32], wanted: usize) -> Vec<u32> {
+    (MIN_NGRAM..=MAX_NGRAM)
+        .rev()
+        .find_map(|n| continuation(history, n, wanted))
+        .map_or_else(Vec::new, <[u32]>::to_vec)
+}
+
+/// `wanted` tokens drafted by `model`, greedily, after `history`, its KV cache `cache`
+/// holding the model's run of `history`'s first tokens (at least one is not yet in it).
+pub fn from_model<B: KernelBackend>(
+    model: &Generator<B>,
+    cache: &mut KvCache<B>,
+    history: &[u32],
+    wanted: usize,
+) -> Result<Vec<u32>, GenerateError> {
+    let mut logits = model.forward_logits(&history[cache.len()..], cache, false)?;
+    let mut drafted = Vec::with_capacity(wanted);
+    loop {
+        let token = argmax(&logits);
+        drafted.push(token);
+        if drafted.len() == wanted {
+            return Ok(drafted);
+        }
+        logits = model.forward_logits(&[token], cache, false)?;
+    }
+}
+
 /// The up to `wanted` tokens after the latest earlier occurrence of `history`'s last `n`.
 fn continuation(history: &[u32], n: usize, wanted: usize) -> Option<&[u32]> {
     let len = history.len();
@@ -148,7 +189,7 @@ mod tests {
 
     #[test]
     fn continues_the_latest_earlier_occurrence_of_the_longest_tail() {
-        let mut drafter = Drafter::default();
+        let mut drafter = Drafter::new(Draft::Ngram);
         // "1 2 3 4 5 ... 1 2 3" → 4 5 6 7 (the draft's first length).
         let history = [1, 2, 3, 4, 5, 6, 7, 8, 9, 1, 2, 3];
         assert_eq!(drafter.propose(&history, 10), [4, 5, 6, 7]);
@@ -167,7 +208,7 @@ mod tests {
     #[test]
     fn the_length_adapts_and_drafting_pauses_while_it_does_not_pay() {
         let history: Vec<u32> = (0..40).chain(0..3).collect();
-        let mut drafter = Drafter::default();
+        let mut drafter = Drafter::new(Draft::Ngram);
         assert_eq!(drafter.propose(&history, 99).len(), FIRST_DRAFT);
         drafter.learn(4, 4);
         assert_eq!(drafter.propose(&history, 99).len(), 6);

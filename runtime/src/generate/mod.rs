@@ -101,6 +101,10 @@ pub enum GenerateError {
         allowed: Vec<usize>,
     },
     #[error(
+        "the draft model's vocabulary has {theirs} tokens, this model's {ours}: a draft model must share the model's tokenizer"
+    )]
+    DraftVocabulary { ours: usize, theirs: usize },
+    #[error(
         "the embedding of position {position} is not finite (NaN or infinite): the model's weights or configuration are broken"
     )]
     NonFiniteEmbedding { position: usize },
@@ -185,6 +189,9 @@ pub struct Generator<B: KernelBackend> {
     /// What drafts tokens for the sequences started here (speculative decoding), if
     /// anything: it changes no token ([`draft`]).
     pub draft: Option<Draft>,
+    /// The model [`Draft::Model`] drafts with: smaller, the same tokenizer
+    /// ([`Self::set_draft_model`]).
+    pub draft_model: Option<Box<Generator<B>>>,
     /// How a text's hidden states become its embedding ([`Self::embed`]): the artifact's
     /// pooling.json, else the last token's, normalized.
     pub pooling: Pooling,
@@ -242,6 +249,7 @@ impl<B: KernelBackend> Generator<B> {
             kv_dtype: KvDtype::default(),
             matmul: Matmul::default(),
             draft: None,
+            draft_model: None,
             pooling,
             eos_ids,
             device: device.clone(),
@@ -252,6 +260,19 @@ impl<B: KernelBackend> Generator<B> {
 
     pub fn eos_ids(&self) -> &[u32] {
         &self.eos_ids
+    }
+
+    /// Drafts with `draft` ([`Draft::Model`]): a model with this one's vocabulary, else an
+    /// error saying so (its token ids would mean other tokens).
+    pub fn set_draft_model(&mut self, draft: Generator<B>) -> Result<(), GenerateError> {
+        let (ours, theirs) = (self.config.vocab_size, draft.config.vocab_size);
+        if ours != theirs {
+            return Err(GenerateError::DraftVocabulary { ours, theirs });
+        }
+        draft.check_generates()?;
+        self.draft_model = Some(Box::new(draft));
+        self.draft = Some(Draft::Model);
+        Ok(())
     }
 
     /// Refuses an embedding model, which has no lm_head: its logits would be the
@@ -457,7 +478,8 @@ impl<B: KernelBackend> Generator<B> {
             max_new_tokens: options.max_new_tokens,
             logits: Vec::new(),
             pending: None,
-            drafter: self.draft.map(|Draft::Ngram| Drafter::default()),
+            drafter: self.draft.map(Drafter::new),
+            draft_cache: None,
             logprobs_top: None,
             logprobs: Vec::new(),
             stop_reason: None,
@@ -535,6 +557,7 @@ impl<B: KernelBackend> Generator<B> {
             logits: s.logits.clone(),
             pending: None,
             drafter: s.drafter.clone(),
+            draft_cache: None,
             logprobs_top: s.logprobs_top,
             logprobs: Vec::new(),
             stop_reason: None,
@@ -612,7 +635,13 @@ impl<B: KernelBackend> Generator<B> {
                 (Ok(_), None) => self.finish_step(s, None, &mut on_text),
             };
             if let Ok(Some(next)) = sampled {
-                running.push((i, next, s.draft()));
+                // A draft is only a guess: a draft model that fails leaves the sequence to
+                // decode plainly, with the same tokens.
+                let drafted = s.draft(self.draft_model.as_deref()).unwrap_or_else(|_| {
+                    s.stop_drafting();
+                    Vec::new()
+                });
+                running.push((i, next, drafted));
             }
             results.push(sampled.map(|_| None));
         }
@@ -690,6 +719,7 @@ impl<B: KernelBackend> Generator<B> {
         }
         // Where the sequence's own token went; then the drafted tokens'.
         let first = s.cache.len() - drafted.len() - 1;
+        let fed = s.history.len();
         let mut run = 1;
         let mut accepted = 0;
         for (&token, row) in drafted.iter().zip(rows) {
@@ -707,9 +737,7 @@ impl<B: KernelBackend> Generator<B> {
             s.logits.extend_from_slice(row);
         }
         s.cache.truncate(first + run);
-        if let Some(drafter) = &mut s.drafter {
-            drafter.learn(drafted.len(), accepted);
-        }
+        s.drafts_checked(fed, drafted.len(), accepted);
         Ok(())
     }
 

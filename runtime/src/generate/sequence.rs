@@ -2,9 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use super::draft::{Draft, Drafter};
+use super::draft::{Draft, Drafter, from_model, ngram};
 use super::stop::StopText;
-use super::{GenerateError, Generation, StopReason, Timings};
+use super::{GenerateError, Generation, Generator, StopReason, Timings};
 use crate::generate::sampling::{Sampler, TokenLogprob};
 use crate::model::backend::KernelBackend;
 use crate::model::cache::KvCache;
@@ -38,6 +38,9 @@ pub struct Sequence<'t, B: KernelBackend> {
     pub(super) pending: Option<Picked>,
     /// What guesses its next tokens, if anything ([`super::draft`]).
     pub(super) drafter: Option<Drafter>,
+    /// The draft model's KV cache for this sequence ([`Draft::Model`]), made when first
+    /// needed.
+    pub(super) draft_cache: Option<KvCache<B>>,
     /// Whether to record each generated token's log-probability, with how many of the most
     /// likely alternatives ([`Sequence::record_logprobs`]).
     pub(super) logprobs_top: Option<usize>,
@@ -65,8 +68,7 @@ impl<B: KernelBackend> Sequence<'_, B> {
     /// Drafts tokens for this sequence from now on, with `draft` (speculative decoding:
     /// the same tokens, [`super::draft`]).
     pub fn start_drafting(&mut self, draft: Draft) {
-        let Draft::Ngram = draft;
-        self.drafter = Some(Drafter::default());
+        self.drafter = Some(Drafter::new(draft));
     }
 
     /// Drafts no more tokens for this sequence (a request that opts out of speculation).
@@ -89,14 +91,42 @@ impl<B: KernelBackend> Sequence<'_, B> {
 
     /// The tokens to check after `next` (just picked, not yet run): the drafter's guess, as
     /// long as the sequence has room for (its `max_new_tokens`, and its cache with a
-    /// position to spare, so that no check stops it where a plain step would not).
-    pub(super) fn draft(&mut self) -> Vec<u32> {
+    /// position to spare, so that no check stops it where a plain step would not). A
+    /// [`Draft::Model`] drafter asks `model` (none: no draft).
+    pub(super) fn draft(
+        &mut self,
+        model: Option<&Generator<B>>,
+    ) -> Result<Vec<u32>, GenerateError> {
         let Some(drafter) = &mut self.drafter else {
-            return Vec::new();
+            return Ok(Vec::new());
         };
         let tokens_left = self.max_new_tokens.saturating_sub(self.tokens.len());
         let room = self.capacity.saturating_sub(self.cache.len() + 2);
-        drafter.propose(&self.history, tokens_left.min(room))
+        let wanted = drafter.wanted(tokens_left.min(room));
+        match (drafter.kind, model) {
+            (_, _) if wanted == 0 => Ok(Vec::new()),
+            (Draft::Ngram, _) => Ok(ngram(&self.history, wanted)),
+            (Draft::Model, None) => Ok(Vec::new()),
+            (Draft::Model, Some(model)) => {
+                let cache = match &mut self.draft_cache {
+                    Some(cache) => cache,
+                    None => self.draft_cache.insert(model.new_cache(self.capacity)?),
+                };
+                from_model(model, cache, &self.history, wanted)
+            }
+        }
+    }
+
+    /// After a check of `drafted` tokens drafted after the first `fed` of the history, of
+    /// which `kept` were kept: the draft model's cache forgets what it ran past them.
+    pub(super) fn drafts_checked(&mut self, fed: usize, drafted: usize, kept: usize) {
+        if let Some(cache) = &mut self.draft_cache {
+            // It ran the history and every drafted token but the last.
+            cache.truncate(fed + kept.min(drafted.saturating_sub(1)));
+        }
+        if let Some(drafter) = &mut self.drafter {
+            drafter.learn(drafted, kept);
+        }
     }
 
     /// The state its pick reads and changes, apart from the rest.

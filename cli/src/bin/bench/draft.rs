@@ -7,7 +7,7 @@
 
 use anyhow::{Result, bail};
 use runtime::generate::sampling::SamplingParams;
-use runtime::generate::{Draft, GenerateOptions, Generator};
+use runtime::generate::{GenerateOptions, Generator};
 use runtime::model::backend::KernelBackend;
 use runtime::text::tokenizer::Tokenizer;
 use serde::{Deserialize, Serialize};
@@ -56,11 +56,13 @@ pub struct DraftSample {
 }
 
 /// The child's run: each task's answer plain, then drafted (the same tokens, or an error).
-pub fn measure<B: KernelBackend>(cli: &Cli, draft: Draft) -> Result<Vec<DraftSample>> {
+pub fn measure<B: KernelBackend>(cli: &Cli, kind: &str) -> Result<Vec<DraftSample>> {
     let mut generator =
         Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
     generator.kv_dtype = cli.kv_cache;
     generator.matmul = cli.matmul;
+    cli::set_draft(&mut generator, kind, cli.draft_weights)?;
+    let draft = generator.draft.take().expect("set_draft sets a drafter");
     let tokenizer = Tokenizer::from_dir(&cli.artifacts)?;
     let options = GenerateOptions {
         max_new_tokens: MAX_TOKENS,
@@ -129,7 +131,12 @@ pub fn parent(cli: &Cli, draft: &str, threads: usize) -> Result<()> {
                 cli,
                 "flex",
                 threads,
-                &["--draft".to_string(), draft.to_string()],
+                &[
+                    "--draft".to_string(),
+                    draft.to_string(),
+                    "--draft-weights".to_string(),
+                    cli.draft_weights.to_string(),
+                ],
             ),
             Engine::LlamaCpp(gguf) => {
                 let mut samples = Vec::new();

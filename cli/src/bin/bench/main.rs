@@ -28,7 +28,7 @@ use clap::Parser;
 use cli::BackendKind;
 use kernels::int8::Matmul;
 use runtime::generate::sampling::{Sampler, SamplingParams, argmax};
-use runtime::generate::{Draft, GenerateOptions, Generator};
+use runtime::generate::{GenerateOptions, Generator};
 use runtime::model::backend::KernelBackend;
 use runtime::model::cache::KvDtype;
 use runtime::model::params::params;
@@ -96,13 +96,17 @@ struct Cli {
     /// llama-server's default chain. 0 picks greedily through those same paths.
     #[arg(long, conflicts_with = "json_schema")]
     temperature: Option<f32>,
-    /// Measure speculative decoding instead, with this drafter (`ngram`): greedy answers to
+    /// Measure speculative decoding instead, with this drafter (`ngram`, or a draft model's
+    /// artifact directory, see `runtime --help`): greedy answers to
     /// three chat requests (copying a paragraph with a change, editing code, an open
     /// question), each decoded plain and drafted (the same tokens, checked); with --gguf,
     /// llama.cpp plain and with its prompt-lookup decoding on the same prompt ids. One
     /// thread count (the first of --threads), the flex backend.
     #[arg(long, value_name = "KIND", conflicts_with_all = ["streams", "json_schema", "temperature"])]
     draft: Option<String>,
+    /// With --draft DIR: how the draft model's weights are kept (see `runtime --help`).
+    #[arg(long, default_value = "auto", requires = "draft")]
+    draft_weights: Weights,
     /// Write SVG figures from these files of the bench's JSON lines (comma-separated)
     /// into --figures, and measure nothing.
     #[arg(long, value_delimiter = ',', value_name = "JSONL")]

@@ -166,7 +166,9 @@ fn every_weight_format_gives_the_same_tokens_with_drafts() {
 /// greedy and sampled, alone and three at once; most drafts kept.
 #[test]
 fn a_draft_model_changes_no_token() {
-    let Some(dir) = common::artifact_dir() else { return };
+    let Some(dir) = common::artifact_dir() else {
+        return;
+    };
     let mut generator = Generator::<FlexBackend>::load(&dir, &Default::default()).unwrap();
     let tokenizer = Tokenizer::from_dir(&dir).unwrap();
     let draft = Generator::<FlexBackend>::load_with(

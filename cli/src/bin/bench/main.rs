@@ -160,10 +160,9 @@ fn run(cli: &Cli, started: Instant) -> Result<()> {
     }
     let threads = cli.threads.first().copied();
     if let Some(kind) = &cli.draft {
-        let draft: Draft = kind.parse().map_err(anyhow::Error::msg)?;
         if cli.child {
             let samples =
-                runtime::in_thread_pool(threads, || draft::measure::<FlexBackend>(cli, draft))??;
+                runtime::in_thread_pool(threads, || draft::measure::<FlexBackend>(cli, kind))??;
             println!("{}", serde_json::to_string(&samples)?);
             return Ok(());
         }

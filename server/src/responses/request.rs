@@ -2,7 +2,8 @@
 //! runs ([`Request`]): `instructions` and `input` as a chat's messages (an assistant's
 //! `function_call` items become its `tool_calls`, `function_call_output` items `tool`
 //! messages, `reasoning` items a `<think>` section where the template has them), the flat
-//! function tools as a chat's (checked by [`api::tools`]), `text.format` as a chat's
+//! function tools and a `namespace`'s functions as a chat's tools (checked by
+//! [`api::tools`]; OpenAI's hosted tools accepted and not offered), `text.format` as a chat's
 //! `response_format` (the same grammar), `reasoning.effort` as the template's
 //! `enable_thinking`. The server keeps no state: `previous_response_id` and `conversation`
 //! are refused, and `store` is answered `false`. As for a chat, a field this server does

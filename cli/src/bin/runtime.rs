@@ -12,7 +12,7 @@ use cli::BackendKind;
 use cli::logprobs::{Logprobs, divergence};
 use kernels::int8::Matmul;
 use runtime::generate::sampling::{SamplingParams, defaults};
-use runtime::generate::{GenerateOptions, Generation, Generator};
+use runtime::generate::{GenerateOptions, Generation, Generator, Prefill};
 use runtime::model::backend::KernelBackend;
 use runtime::model::cache::KvDtype;
 use runtime::text::grammar::Grammar;
@@ -89,6 +89,13 @@ struct CommonArgs {
     /// BF16 path; on CPUs with AVX512_BF16, else exact).
     #[arg(long, default_value = "auto")]
     matmul: Matmul,
+    /// How prompts run: fast (many positions per product, through kernels that sum in
+    /// another order than decoding's) or invariant (through the decoding kernels: every
+    /// position's logits are the bits one-token steps give, however the prompt is split or
+    /// a cached conversation is continued, so a reply never depends on what the server had
+    /// cached; prompts slower, see docs/BENCHMARKS.md).
+    #[arg(long, default_value = "fast", value_name = "fast|invariant")]
+    prefill: Prefill,
     /// Speculative decoding: `ngram` drafts the next tokens from an earlier occurrence of
     /// the last ones in the prompt and the answer (prompt lookup); a directory names a
     /// smaller model's artifact, with the same tokenizer, that drafts them greedily. The
@@ -488,6 +495,7 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
     })?;
     generator.kv_dtype = common.kv_cache;
     generator.matmul = common.matmul;
+    generator.prefill = common.prefill;
     if let Some(draft) = &common.draft {
         cli::set_draft(&mut generator, draft, common.draft_weights)?;
     }

@@ -64,7 +64,11 @@ const FIRST_PAUSE: usize = 16;
 const LONGEST_PAUSE: usize = 512;
 
 /// A sequence's drafter and how well its drafts have done: the draft's length adapts to
-/// what is accepted, and drafting pauses itself while it does not pay.
+/// what is accepted, and drafting pauses itself while it does not pay. A draft model's
+/// drafts cost time of their own: once they are timed, the length is the one that makes
+/// the most tokens a second, given the chance that a drafted token is kept and what a
+/// drafted token costs beside a step, and drafting pauses where no length beats plain
+/// decoding.
 #[derive(Debug, Clone)]
 pub struct Drafter {
     pub kind: Draft,
@@ -77,6 +81,14 @@ pub struct Drafter {
     /// Steps left before drafting again, and the next pause's length.
     paused: usize,
     next_pause: usize,
+    /// Drafted tokens kept, and drafts that ended in a rejected token (moving averages):
+    /// a drafted token is kept with the chance `kept / (kept + rejected)`.
+    kept: f32,
+    rejected: f32,
+    /// Seconds a drafted token took to draft, and a step (a verify pass) took (moving
+    /// averages; 0 until timed).
+    draft_seconds: f32,
+    step_seconds: f32,
     /// Tokens drafted and accepted in all (for `/metrics` and the bench).
     pub drafted_total: usize,
     pub accepted_total: usize,
@@ -92,6 +104,10 @@ impl Drafter {
             accepted: 1.0,
             paused: 0,
             next_pause: FIRST_PAUSE,
+            kept: 1.0,
+            rejected: 0.0,
+            draft_seconds: 0.0,
+            step_seconds: 0.0,
             drafted_total: 0,
             accepted_total: 0,
         }
@@ -129,14 +145,75 @@ impl Drafter {
             false => (accepted + 1).max(2),
         };
         self.accepted += AVERAGE_WEIGHT * (accepted as f32 - self.accepted);
-        if self.accepted < PAYS_OFF {
+        self.kept += AVERAGE_WEIGHT * (accepted as f32 - self.kept);
+        let rejected = f32::from(u8::from(accepted < drafted));
+        self.rejected += AVERAGE_WEIGHT * (rejected - self.rejected);
+        let pays = match self.cost() {
+            Some(cost) => {
+                let chance = self.kept / (self.kept + self.rejected);
+                let (length, speedup) = best_length(chance, cost, MAX_DRAFT);
+                self.length = length;
+                speedup > 1.0
+            }
+            None => self.accepted >= PAYS_OFF,
+        };
+        if !pays {
             self.paused = self.next_pause;
             self.next_pause = (self.next_pause * 2).min(LONGEST_PAUSE);
             // Tried afresh after the pause.
             self.accepted = 1.0;
+            (self.kept, self.rejected) = (1.0, 0.0);
             self.length = FIRST_DRAFT;
         }
     }
+
+    /// Learns that drafting `drafted` tokens took `seconds` (a draft model's; prompt lookup
+    /// costs next to nothing and is not timed).
+    pub fn drafting_took(&mut self, drafted: usize, seconds: f32) {
+        if drafted > 0 {
+            average(&mut self.draft_seconds, seconds / drafted as f32);
+        }
+    }
+
+    /// Learns that a step of the sequence (its verify pass, with whatever else ran in it)
+    /// took `seconds`.
+    pub fn step_took(&mut self, seconds: f32) {
+        average(&mut self.step_seconds, seconds);
+    }
+
+    /// A drafted token's time over a step's, once both are timed.
+    fn cost(&self) -> Option<f32> {
+        (self.draft_seconds > 0.0 && self.step_seconds > 0.0)
+            .then(|| self.draft_seconds / self.step_seconds)
+    }
+}
+
+/// Folds `sample` into the moving average `mean` (0: none yet).
+fn average(mean: &mut f32, sample: f32) {
+    *mean = match *mean {
+        0.0 => sample,
+        m => m + AVERAGE_WEIGHT * (sample - m),
+    };
+}
+
+/// The draft length up to `limit` that makes the most tokens a second, and how many times
+/// plain decoding's that is, when each drafted token is kept with the chance `chance`
+/// (while the ones before it were) and costs `cost` steps to draft: a step with `k`
+/// drafted tokens makes `1 + chance + ... + chance^k` tokens in `1 + k * cost` steps'
+/// time. (A verify pass's extra rows are counted in the step's measured time.)
+fn best_length(chance: f32, cost: f32, limit: usize) -> (usize, f32) {
+    let mut made = 1.0;
+    let mut kept = 1.0;
+    let mut best = (1, 0.0);
+    for k in 1..=limit.max(1) {
+        kept *= chance;
+        made += kept;
+        let speedup = made / (1.0 + k as f32 * cost);
+        if speedup > best.1 {
+            best = (k, speedup);
+        }
+    }
+    best
 }
 
 /// Up to `wanted` tokens that may follow `history`: what followed the latest earlier
@@ -203,6 +280,35 @@ mod tests {
         // No match of two tokens: nothing.
         assert!(drafter.propose(&[1, 2, 3, 4, 3], 10).is_empty());
         assert!(drafter.propose(&[], 10).is_empty());
+    }
+
+    #[test]
+    fn a_timed_draft_model_drafts_the_length_that_pays_most_or_pauses() {
+        // Free drafts that are always kept: as long as allowed.
+        assert_eq!(best_length(1.0, 0.0, 12), (12, 13.0));
+        // Each kept with 0.7, costing 0.1 steps: 1.7 / 1.1 = 1.545..., 2.19 / 1.2 = 1.825,
+        // ... the best at 4 (2.7731 / 1.4 = 1.98).
+        let (length, speedup) = best_length(0.7, 0.1, 12);
+        assert_eq!(length, 4);
+        assert!((speedup - 2.7731 / 1.4).abs() < 1e-4, "{speedup}");
+        // Half a step a token at 0.7: one token (1.7 / 1.5) and little gain; at 0.4, none.
+        assert_eq!(best_length(0.7, 0.5, 12).0, 1);
+        assert!(best_length(0.4, 0.5, 12).1 < 1.0);
+
+        let mut drafter = Drafter::new(Draft::Model);
+        drafter.step_took(0.010);
+        drafter.drafting_took(4, 0.002);
+        // Kept every time: 0.5 ms a token against 10 ms a step, the longest draft.
+        drafter.learn(4, 4);
+        assert_eq!(drafter.length, MAX_DRAFT);
+        // A drafter as slow as a step whose drafts are half kept does not pay: it pauses.
+        drafter.drafting_took(1, 0.010);
+        drafter.drafting_took(1, 0.010);
+        drafter.drafting_took(1, 0.010);
+        for _ in 0..8 {
+            drafter.learn(2, 1);
+        }
+        assert!(drafter.paused > 0, "{drafter:?}");
     }
 
     #[test]

@@ -27,12 +27,14 @@ use crate::weights::manifest::ArtifactError;
 
 mod draft;
 mod embedding;
+mod prefill;
 pub mod sampling;
 mod scoring;
 mod sequence;
 mod stop;
 
 pub use draft::{Draft, Drafter};
+pub use prefill::Prefill;
 pub use scoring::Perplexity;
 pub use sequence::Sequence;
 use sequence::{Picked, Picker};
@@ -186,6 +188,9 @@ pub struct Generator<B: KernelBackend> {
     pub kv_dtype: KvDtype,
     /// How products over quantized weights take their inputs.
     pub matmul: Matmul,
+    /// How prompts run: fast, or through the decoding kernels so that every position is
+    /// the same bits however it is reached ([`Prefill`]).
+    pub prefill: Prefill,
     /// What drafts tokens for the sequences started here (speculative decoding), if
     /// anything: it changes no token ([`draft`]).
     pub draft: Option<Draft>,
@@ -248,6 +253,7 @@ impl<B: KernelBackend> Generator<B> {
             kept,
             kv_dtype: KvDtype::default(),
             matmul: Matmul::default(),
+            prefill: Prefill::default(),
             draft: None,
             draft_model: None,
             pooling,
@@ -349,31 +355,6 @@ impl<B: KernelBackend> Generator<B> {
             }
         }
         Ok(out)
-    }
-
-    /// Runs one chunk of `tokens` and returns the logits of the positions `wanted` names.
-    fn chunk_logits(
-        &self,
-        tokens: &[u32],
-        cache: &mut KvCache<B>,
-        wanted: WantedLogits,
-    ) -> Result<Option<TensorData>, CacheError> {
-        let ids: Vec<i64> = tokens.iter().map(|&id| i64::from(id)).collect();
-        let ids =
-            Tensor::<B, 2, Int>::from_data(TensorData::new(ids, [1, tokens.len()]), &self.device);
-        if tokens.len() == 1 {
-            return Ok(Some(
-                self.model.decode(ids, cache, self.matmul)?.into_data(),
-            ));
-        }
-        let hidden = self.model.forward(ids, cache, self.matmul)?; // [1, n, hidden]
-        let [_, n, width] = hidden.dims();
-        let hidden = match wanted {
-            WantedLogits::None => return Ok(None),
-            WantedLogits::Last => hidden.slice([0..1, n - 1..n, 0..width]),
-            WantedLogits::All => hidden,
-        };
-        Ok(Some(self.model.logits(hidden, self.matmul).into_data()))
     }
 
     /// Generates a continuation of `prompt` (token ids), calling `on_text` with each piece of
@@ -493,7 +474,8 @@ impl<B: KernelBackend> Generator<B> {
     /// Runs up to `max_tokens` more of the sequence's prompt (all of it with `usize::MAX`);
     /// `true` once the whole prompt has run and the first token's logits are ready, when
     /// [`Self::step`] may go on. Prefilling a prompt in pieces gives the same cache and
-    /// logits as in one go, up to the order of summation in the products.
+    /// logits as in one go: to the bit with [`Prefill::Invariant`], else up to the order of
+    /// summation in the products.
     pub fn prefill(
         &self,
         sequence: &mut Sequence<'_, B>,
@@ -665,12 +647,16 @@ impl<B: KernelBackend> Generator<B> {
                 rest = tail;
                 skipped = i + 1;
             }
-            match self.decode_rows(&ids, &mut caches, &rows) {
+            let started = Instant::now();
+            let checked = self.decode_rows(&ids, &mut caches, &rows);
+            let seconds = started.elapsed().as_secs_f32();
+            match checked {
                 Ok(logits) => {
                     let vocab_size = self.config.vocab_size;
                     let mut rest = logits.as_slice();
                     for (i, _, drafted) in &running {
                         let s = &mut sequences[*i];
+                        (s.drafter.iter_mut()).for_each(|drafter| drafter.step_took(seconds));
                         // This sequence's rows, whichever of them its check reads.
                         let (rows, after) = rest.split_at((1 + drafted.len()) * vocab_size);
                         rest = after;

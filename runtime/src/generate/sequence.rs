@@ -112,7 +112,10 @@ impl<B: KernelBackend> Sequence<'_, B> {
                     Some(cache) => cache,
                     None => self.draft_cache.insert(model.new_cache(self.capacity)?),
                 };
-                from_model(model, cache, &self.history, wanted)
+                let started = Instant::now();
+                let drafted = from_model(model, cache, &self.history, wanted)?;
+                drafter.drafting_took(drafted.len(), started.elapsed().as_secs_f32());
+                Ok(drafted)
             }
         }
     }

@@ -270,6 +270,38 @@ impl<B: KernelBackend> Llama<B> {
         rows: &[usize],
         matmul: Matmul,
     ) -> Result<Tensor<B, 3>, CacheError> {
+        B::decode_token(|| {
+            let hidden = self.rows_hidden(tokens, caches, rows, matmul)?;
+            Ok(self.logits(hidden, matmul))
+        })
+    }
+
+    /// [`Self::decode_rows`] up to the final norm: each row's hidden state, `[n, 1, hidden]`,
+    /// the bits one-token steps give, for any number of rows (the products take each row
+    /// on its own; only lm_head's changes kernel past [`KernelBackend::DECODE_BATCH`] rows,
+    /// so take [`Self::logits`] of at most that many rows at a time). A prompt runs here when
+    /// its positions must be the same bits however they are reached
+    /// ([`crate::generate::Prefill::Invariant`]).
+    ///
+    /// # Shapes
+    /// - tokens: `[rows.iter().sum(), 1]`
+    pub fn decode_rows_hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        caches: &mut [&mut KvCache<B>],
+        rows: &[usize],
+        matmul: Matmul,
+    ) -> Result<Tensor<B, 3>, CacheError> {
+        B::decode_token(|| self.rows_hidden(tokens, caches, rows, matmul))
+    }
+
+    fn rows_hidden(
+        &self,
+        tokens: Tensor<B, 2, Int>,
+        caches: &mut [&mut KvCache<B>],
+        rows: &[usize],
+        matmul: Matmul,
+    ) -> Result<Tensor<B, 3>, CacheError> {
         assert_eq!(caches.len(), rows.len(), "a row count per cache");
         assert_eq!(
             tokens.dims()[0],
@@ -279,25 +311,23 @@ impl<B: KernelBackend> Llama<B> {
         for (cache, &rows) in caches.iter().zip(rows) {
             cache.check_room(1, rows)?;
         }
-        B::decode_token(|| {
-            let rotations: Vec<Rotations<B>> = (caches.iter().zip(rows))
-                .map(|(cache, &rows)| cache.rope_rows(rows))
+        let rotations: Vec<Rotations<B>> = (caches.iter().zip(rows))
+            .map(|(cache, &rows)| cache.rope_rows(rows))
+            .collect();
+        let mut x = self.embed(tokens);
+        let mut layers: Vec<_> = caches.iter_mut().map(|c| c.layers_mut()).collect();
+        for layer in &self.layers {
+            let mut caches: Vec<&mut LayerCache<B>> = (layers.iter_mut())
+                .map(|layers| layers.next().expect("a cache per layer"))
                 .collect();
-            let mut x = self.embed(tokens);
-            let mut layers: Vec<_> = caches.iter_mut().map(|c| c.layers_mut()).collect();
-            for layer in &self.layers {
-                let mut caches: Vec<&mut LayerCache<B>> = (layers.iter_mut())
-                    .map(|layers| layers.next().expect("a cache per layer"))
-                    .collect();
-                let ropes: Vec<RopeRows<B>> = (rotations.iter())
-                    .map(|r| r.of(layer.self_attn.rotation).clone())
-                    .collect();
-                x = layer.decode_each(x, &mut caches, rows, &ropes, matmul)?;
-            }
-            drop(layers);
-            (caches.iter_mut().zip(rows)).for_each(|(cache, &rows)| cache.advance(rows));
-            Ok(self.logits(rms_norm(&self.norm, x), matmul))
-        })
+            let ropes: Vec<RopeRows<B>> = (rotations.iter())
+                .map(|r| r.of(layer.self_attn.rotation).clone())
+                .collect();
+            x = layer.decode_each(x, &mut caches, rows, &ropes, matmul)?;
+        }
+        drop(layers);
+        (caches.iter_mut().zip(rows)).for_each(|(cache, &rows)| cache.advance(rows));
+        Ok(rms_norm(&self.norm, x))
     }
 
     /// The embedding's rows for `tokens: [batch, seq]`, f32 (rows of a bf16 embedding widen

@@ -28,7 +28,7 @@ use clap::Parser;
 use cli::BackendKind;
 use kernels::int8::Matmul;
 use runtime::generate::sampling::{Sampler, SamplingParams, argmax};
-use runtime::generate::{GenerateOptions, Generator};
+use runtime::generate::{GenerateOptions, Generator, Prefill};
 use runtime::model::backend::KernelBackend;
 use runtime::model::cache::KvDtype;
 use runtime::model::params::params;
@@ -70,6 +70,9 @@ struct Cli {
     /// How products over quantized weights take their inputs (see `runtime --help`).
     #[arg(long, default_value = "auto")]
     matmul: Matmul,
+    /// How prompts run: fast or invariant (see `runtime --help`).
+    #[arg(long, default_value = "fast", value_name = "fast|invariant")]
+    prefill: Prefill,
     /// Prompt tokens in the KV cache before tg128 starts (llama-bench's `-d`).
     #[arg(long, default_value_t = 0)]
     depth: usize,
@@ -215,6 +218,7 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
         Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
     generator.kv_dtype = cli.kv_cache;
     generator.matmul = cli.matmul;
+    generator.prefill = cli.prefill;
     let mut samples = Vec::new();
     for &n in &cli.streams {
         // The prompts one after another, as `runtime serve` prefills them: each one's first
@@ -451,6 +455,7 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
         Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
     generator.kv_dtype = cli.kv_cache;
     generator.matmul = cli.matmul;
+    generator.prefill = cli.prefill;
     let load_s = started.elapsed().as_secs_f64();
     // Checked before any measuring, so a depth that cannot run fails at once.
     let depth = cli.depth;
@@ -767,6 +772,7 @@ fn child<T: serde::de::DeserializeOwned>(
         .args(["--weights", &cli.weights.to_string()])
         .args(["--kv-cache", &cli.kv_cache.to_string()])
         .args(["--matmul", &cli.matmul.to_string()])
+        .args(["--prefill", &cli.prefill.to_string()])
         .args((cli.temperature.iter()).flat_map(|t| ["--temperature".to_string(), t.to_string()]))
         .args(extra)
         .output()?;

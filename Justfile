@@ -71,6 +71,14 @@ test:
     REQUIRE_MODEL=1 cargo test --release --workspace
     just test-tiers
 
+# Burn 0.22 loads model.bpk (`convert --burnpack`, into target/burn22-artifact) and generates
+# the runtime's greedy tokens: burn22-check/, a crate on Burn 0.22 outside the workspace
+burn22-check: build
+    #!/usr/bin/env bash
+    set -euo pipefail
+    [ -f "{{hf_dir}}/model.safetensors" ] || just fetch
+    burn22-check/check.sh
+
 # The kernels' tests at each lower build this CPU runs (RUNTIME_CPU; see README), and the
 # int8 products on the real model at the AVX2 build. A test of a tier above RUNTIME_CPU's
 # skips, saying so; one the CPU itself cannot run fails under REQUIRE_KERNELS (.ci/run).

@@ -21,7 +21,7 @@ use runtime::text::tokenizer::{
     TOKENIZER_CONFIG_LIMIT, TOKENIZER_LIMIT, Tokenizer, TokenizerError,
 };
 use runtime::util::file_names::{
-    CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, POOLING_FILE,
+    BURNPACK_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, POOLING_FILE,
     TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
 };
 use runtime::util::files::read_bounded;
@@ -31,6 +31,7 @@ use runtime::weights::manifest::{FORMAT_VERSION, FileDigest, Manifest, OPTIONAL_
 use safetensors::Dtype;
 
 use crate::blocks::{self, BlocksFile};
+use crate::burnpack::write_burnpack;
 use crate::checkpoint::Checkpoint;
 use crate::digest::{PROBE_TEXT, digest_file, digests, probe};
 use crate::names::{self, Transform};
@@ -46,8 +47,22 @@ const SIDE_FILES: &[(&str, bool, u64)] = &[
     (TOKENIZER_CONFIG_FILE, false, TOKENIZER_CONFIG_LIMIT),
 ];
 
+/// What `convert` writes besides the record, the weights file and the side files.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Options {
+    /// model.bpk, the record's parameters in Burn's burnpack format (`crate::burnpack`).
+    /// Asked for, not by default: the record is the artifact's contract, and this is the
+    /// model's f32 bytes once more on disk.
+    pub burnpack: bool,
+}
+
 /// Converts the checkpoint in `src` into an artifact in `out` and returns its manifest.
 pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
+    convert_with(src, out, render, Options::default())
+}
+
+/// [`convert`], writing what `options` asks for too.
+pub fn convert_with(src: &Path, out: &Path, render: &Render, options: Options) -> Result<Manifest> {
     let hf = HfConfig::from_file(&src.join(CONFIG_FILE))?;
     let config = LlamaConfig::from_hf(&hf)?;
     // Each side file read once, within its bound; what is copied is what was checked.
@@ -110,6 +125,11 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
         &record,
     )?;
     artifact_files.push(WEIGHTS_FILE.to_string());
+    if options.burnpack {
+        let model = config.init::<B>(&device);
+        write_burnpack(model, &record_path, &staging.path(BURNPACK_FILE))?;
+        artifact_files.push(BURNPACK_FILE.to_string());
+    }
 
     // blocks.safetensors is a source: `verify --source` checks it as it checks the rest.
     let source_files = side_files

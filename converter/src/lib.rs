@@ -4,6 +4,7 @@
 //! tests and the fuzz targets (`fuzz/`) reach the parsers directly.
 
 pub mod blocks;
+pub mod burnpack;
 pub mod checkpoint;
 pub mod convert;
 pub mod digest;

@@ -34,6 +34,10 @@ enum Command {
         hf_dir: PathBuf,
         /// The artifact directory to write.
         out_dir: PathBuf,
+        /// Also write model.bpk: the record's parameters (the same paths, f32 values) in
+        /// Burn's burnpack format, which Burn 0.22 loads (it cannot read model.mpk).
+        #[arg(long)]
+        burnpack: bool,
     },
     /// Internal: render a chat template request from stdin (see `runtime::text::chat`).
     #[command(hide = true)]
@@ -72,9 +76,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 started.elapsed().as_secs_f64()
             );
         }
-        Command::Convert { hf_dir, out_dir } => {
-            let manifest =
-                convert::convert(&hf_dir, &out_dir, &runtime::text::chat::render_in_child)?;
+        Command::Convert {
+            hf_dir,
+            out_dir,
+            burnpack,
+        } => {
+            let render = &runtime::text::chat::render_in_child;
+            let options = convert::Options { burnpack };
+            let manifest = convert::convert_with(&hf_dir, &out_dir, render, options)?;
             let bytes: u64 = manifest.files.iter().map(|f| f.bytes).sum();
             eprintln!(
                 "converted {} into {} ({} files, {:.1} MB) in {:.1} s",

@@ -49,12 +49,8 @@ pub fn write_record(
     sources: BTreeMap<String, Source>,
     staging: &Staging,
 ) -> Result<()> {
-    let mut placeholders = Placeholders {
-        path: FieldPath::default(),
-        order: VecDeque::new(),
-    };
-    let model = model.map(&mut placeholders);
-    let progress = ProgressBar::new(placeholders.order.len() as u64).with_style(
+    let (model, order) = with_placeholders(model);
+    let progress = ProgressBar::new(order.len() as u64).with_style(
         ProgressStyle::with_template("{msg:>10} [{bar:40}] {pos}/{len} tensors")
             .expect("valid template")
             .progress_chars("=> "),
@@ -64,7 +60,7 @@ pub fn write_record(
     let record = BurnRecord::<_, B>::new::<ArtifactRecorder>(item);
     let mut writer = Substitute {
         file: staging.create_file(MODEL_FILE)?,
-        pending: placeholders.order,
+        pending: order,
         checkpoint,
         sources,
         progress,
@@ -85,8 +81,19 @@ pub fn write_record(
     finish(writer.file).context("cannot write the record")
 }
 
+/// `model` with every parameter a placeholder under its record id ([`param_id`]), and the
+/// placeholders in the order the record serializes them.
+pub(crate) fn with_placeholders(model: Llama<B>) -> (Llama<B>, VecDeque<Placeholder>) {
+    let mut placeholders = Placeholders {
+        path: FieldPath::default(),
+        order: VecDeque::new(),
+    };
+    let model = model.map(&mut placeholders);
+    (model, placeholders.order)
+}
+
 /// A parameter whose values are not in memory yet.
-struct Placeholder {
+pub(crate) struct Placeholder {
     /// Record field path, `layers.0.self_attn.q_proj.weight`.
     path: String,
     shape: Vec<usize>,
@@ -191,7 +198,7 @@ impl<W: Write> Write for Substitute<'_, W> {
 
 /// Burn draws `ParamId`s at random, which would make every save differ; derive them from
 /// the field path instead so the same checkpoint always gives the same bytes.
-fn param_id(path: &str) -> ParamId {
+pub(crate) fn param_id(path: &str) -> ParamId {
     let digest = Sha256::digest(path.as_bytes());
     ParamId::from(u64::from_le_bytes(digest[..8].try_into().expect("8 bytes")))
 }

@@ -5,7 +5,7 @@ use std::path::Path;
 use anyhow::Result;
 use runtime::model::config::LlamaConfig;
 use runtime::util::file_names::{CONFIG_FILE, TOKENIZER_FILE};
-use runtime::weights::artifact::check_weights_file;
+use runtime::weights::artifact::{check_burnpack_file, check_weights_file};
 use runtime::weights::manifest::{FileDigest, Manifest};
 
 use crate::convert::{Render, check_side_files};
@@ -41,10 +41,12 @@ pub fn verify(out: &Path, src: Option<&Path>, render: &Render) -> Result<Vec<Str
         check(src, &manifest.source, "source");
     }
     let config = LlamaConfig::from_file(&out.join(CONFIG_FILE));
-    if let Ok(config) = &config
-        && let Err(e) = check_weights_file(out, &manifest, config)
-    {
-        problems.push(e.to_string());
+    if let Ok(config) = &config {
+        let checks = [check_weights_file, check_burnpack_file];
+        let errors = checks
+            .iter()
+            .filter_map(|check| check(out, &manifest, config).err());
+        problems.extend(errors.map(|e| e.to_string()));
     }
     let tokenizer = config
         .map_err(anyhow::Error::from)

@@ -12,6 +12,10 @@ pub const TOKENIZER_CONFIG_FILE: &str = "tokenizer_config.json";
 /// loaded instead of it when listed. Optional: an artifact from before it loads from the
 /// record.
 pub const WEIGHTS_FILE: &str = "weights.bin";
+/// The parameters in Burn's burnpack format (`weights::burnpack`), the record's paths and
+/// values, for Burn 0.22 programs, which cannot read the record: written on request
+/// (`converter convert --burnpack`). Loaded when there is no weights file.
+pub const BURNPACK_FILE: &str = "model.bpk";
 /// How an embedding model pools its hidden states into one vector (`model::config::pooling`),
 /// written by the converter from sentence-transformers' modules, or its default. Optional:
 /// a generation model has none.

@@ -1,6 +1,6 @@
 //! Opening an artifact directory: its manifest checked (the directory complete), config.json
-//! read, then the model loaded from the weights file when the manifest lists one, else from
-//! the record.
+//! read, then the model loaded from the first file the manifest lists of: the weights file
+//! (laid out already), model.bpk (the record's values, mapped), the record.
 
 use std::path::Path;
 
@@ -8,10 +8,11 @@ use crate::model::backend::KernelBackend;
 use crate::model::config::LlamaConfig;
 use crate::model::llama::Llama;
 use crate::model::params::params;
-use crate::util::file_names::{CONFIG_FILE, MODEL_FILE, WEIGHTS_FILE};
+use crate::util::file_names::{BURNPACK_FILE, CONFIG_FILE, MODEL_FILE, WEIGHTS_FILE};
+use crate::weights::burnpack::Burnpack;
 use crate::weights::file::WeightsFile;
 use crate::weights::layout::{Kept, Weights};
-use crate::weights::load::{Progress, Source, check_laid_out, load_watched};
+use crate::weights::load::{Progress, Source, check_laid_out, check_same_params, load_watched};
 use crate::weights::manifest::{ArtifactError, Manifest};
 use crate::weights::record::Record;
 
@@ -87,8 +88,56 @@ pub fn check_weights_file(
         .map_err(|message| weights_error(dir, message))
 }
 
+/// The artifact's model.bpk mapped, its header and metadata checked.
+fn open_burnpack(dir: &Path) -> Result<Burnpack, ArtifactError> {
+    Burnpack::open(&dir.join(BURNPACK_FILE)).map_err(|message| {
+        let message = format!("the file is corrupt ({message}); run `converter verify`");
+        burnpack_error(dir, message)
+    })
+}
+
+fn burnpack_error(dir: &Path, message: String) -> ArtifactError {
+    ArtifactError::Weights {
+        path: dir.join(BURNPACK_FILE),
+        message,
+    }
+}
+
+/// The artifact's model.bpk, if the manifest lists one, checked as loading checks it (header,
+/// metadata, the same parameters as the model of `config`, each of its shape) without
+/// loading it: for `converter verify`.
+pub fn check_burnpack_file(
+    dir: &Path,
+    manifest: &Manifest,
+    config: &LlamaConfig,
+) -> Result<(), ArtifactError> {
+    if manifest.file(BURNPACK_FILE).is_none() {
+        return Ok(());
+    }
+    check_parameter_count(dir, manifest, config)?;
+    let pack = open_burnpack(dir)?;
+    let model = config.init::<crate::FlexBackend>(&Default::default());
+    let declared = params(&model);
+    let names: Vec<String> = declared.iter().map(|p| p.path.clone()).collect();
+    check_same_params(&pack.paths(), &names, BURNPACK_FILE)
+        .map_err(|message| burnpack_error(dir, message))?;
+    for param in declared {
+        // The same set: every declared parameter is there.
+        let shape = pack.entry(&param.path).map_or(&[][..], |e| &e.shape);
+        if shape != param.shape {
+            let message = format!(
+                "{} has shape {shape:?}, config.json implies {:?}",
+                param.path, param.shape
+            );
+            return Err(burnpack_error(dir, message));
+        }
+    }
+    Ok(())
+}
+
 /// [`load_model`] with the matrices kept as `weights` says, and what each was kept as. From
-/// the weights file when the manifest lists one, else from the record.
+/// the weights file when the manifest lists one, else from model.bpk if it lists that, else
+/// from the record.
 pub fn load_model_with<B: KernelBackend>(
     dir: &Path,
     device: &B::Device,
@@ -123,6 +172,9 @@ pub fn load_model_watched<B: KernelBackend>(
         let file = open_weights(dir, &manifest)?;
         // Every tensor is checked against config.json before any is used.
         load(Source::LaidOut(&file)).map_err(|message| weights_error(dir, message))?
+    } else if manifest.file(BURNPACK_FILE).is_some() {
+        let pack = open_burnpack(dir)?;
+        load(Source::Burnpack(&pack)).map_err(|message| burnpack_error(dir, message))?
     } else {
         let corrupt = |message: String| ArtifactError::Record {
             path: record_path.clone(),

@@ -1,7 +1,8 @@
 //! Loading a model's parameters into the layout the kernels read (`crate::weights::layout`): from
 //! the weights file (`crate::weights::file`), laid out once by the converter, as tensors
-//! over its map; or from the record (`crate::weights::record`), each parameter copied once from the
-//! mapped file and laid out here.
+//! over its map; or from the record (`crate::weights::record`) or its burnpack copy
+//! (`crate::weights::burnpack`), each parameter laid out here from the mapped file (a
+//! burnpack's f32 vectors and embedding kept f32 are tensors over its map).
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -18,7 +19,8 @@ use rayon::prelude::*;
 use crate::model::backend::KernelBackend;
 use crate::model::llama::Llama;
 use crate::model::params::{FieldPath, ParamInfo, params};
-use crate::util::file_names::WEIGHTS_FILE;
+use crate::util::file_names::{BURNPACK_FILE, MODEL_FILE, WEIGHTS_FILE};
+use crate::weights::burnpack::Burnpack;
 use crate::weights::file::{Dtype, TIED_LM_HEAD, WeightsFile};
 use crate::weights::layout::{Form, Kept, Layout, Weights, narrowed, widened};
 use crate::weights::record::Record;
@@ -28,6 +30,8 @@ use crate::weights::record::Record;
 pub enum Source<'a> {
     /// model.mpk: f32, as the checkpoint gave them; each laid out while loading.
     Record(&'a Record),
+    /// model.bpk: the record's values in Burn's burnpack format; laid out while loading.
+    Burnpack(&'a Burnpack),
     /// weights.bin: laid out by the converter as [`Weights::Auto`] keeps them.
     LaidOut(&'a WeightsFile),
 }
@@ -38,13 +42,15 @@ impl Source<'_> {
     fn stored_bytes(self, path: &str) -> u64 {
         match self {
             Source::Record(record) => record.param(path).map_or(0, |p| p.bytes.len() as u64),
+            Source::Burnpack(pack) => pack.entry(path).map_or(0, |entry| entry.size()),
             Source::LaidOut(file) => file.entry(path).map_or(0, |entry| entry.bytes),
         }
     }
 
     fn file_name(self) -> &'static str {
         match self {
-            Source::Record(_) => "model.mpk",
+            Source::Record(_) => MODEL_FILE,
+            Source::Burnpack(_) => BURNPACK_FILE,
             Source::LaidOut(_) => WEIGHTS_FILE,
         }
     }
@@ -104,6 +110,10 @@ pub fn load_watched<B: KernelBackend>(
         Source::Record(record) => {
             let names: Vec<String> = declared.iter().map(|p| p.path.clone()).collect();
             check_same_params(&record.param_paths(), &names, source.file_name())?;
+        }
+        Source::Burnpack(pack) => {
+            let names: Vec<String> = declared.iter().map(|p| p.path.clone()).collect();
+            check_same_params(&pack.paths(), &names, source.file_name())?;
         }
         Source::LaidOut(file) => check_laid_out(file, &declared, tied)?,
     }
@@ -190,7 +200,7 @@ pub fn check_laid_out(file: &WeightsFile, params: &[ParamInfo], tied: bool) -> R
 /// The stored parameters against the ones the model declares, both ways, before any is
 /// copied: the loader reads only what the model asks for, so a file with a layer
 /// config.json does not declare would otherwise load with that layer silently unread.
-fn check_same_params(stored: &[String], declared: &[String], file: &str) -> Result<(), String> {
+pub fn check_same_params(stored: &[String], declared: &[String], file: &str) -> Result<(), String> {
     let absent_from = |names: &[String], other: &[String]| -> Vec<String> {
         let other: HashSet<&str> = other.iter().map(String::as_str).collect();
         (names.iter())
@@ -267,15 +277,16 @@ impl<B: KernelBackend> Loader<'_, B> {
         id: ParamId,
     ) -> Result<(ParamId, Tensor<B, D>), String> {
         let layout = Layout::of(owner, expected);
+        let check_shape = |shape: &[usize]| match shape == expected {
+            true => Ok(()),
+            false => Err(format!(
+                "{path} has shape {shape:?}, config.json implies {expected:?}"
+            )),
+        };
         let (id, data, form) = match self.source {
             Source::Record(record) => {
                 let stored = record.param(path)?;
-                if stored.shape != expected {
-                    return Err(format!(
-                        "{path} has shape {:?}, config.json implies {expected:?}",
-                        stored.shape
-                    ));
-                }
+                check_shape(&stored.shape)?;
                 let id = ParamId::try_deserialize(stored.id)
                     .ok_or_else(|| format!("{path} has a corrupt parameter id"))?;
                 if self.tied && path == TIED_LM_HEAD {
@@ -286,6 +297,30 @@ impl<B: KernelBackend> Loader<'_, B> {
                 record.release(&stored);
                 let (data, form) = self.tied_embedding(path, &layout, data, form);
                 (id, data, form)
+            }
+            Source::Burnpack(pack) => {
+                let entry = pack.entry(path).ok_or("checked: the same set")?;
+                check_shape(&entry.shape)?;
+                // Written from the record, with its ids; a file without them gets the model's.
+                let id = entry.param_id.map_or(id, ParamId::from);
+                if self.tied && path == TIED_LM_HEAD {
+                    return Ok((id, self.tied_lm_head()?));
+                }
+                let bytes = pack.bytes(entry);
+                let form = layout.form(&bytes, self.weights);
+                // Kept as stored (f32, not transposed): used where it lies in the map.
+                let as_stored = form == Form::F32 && layout.linear.is_none();
+                let data = match as_stored {
+                    true => kept_as_stored::<B>(bytes.clone(), layout.shape.clone(), DType::F32),
+                    false => layout.lay_out(&bytes, form),
+                };
+                let (data, kept) = self.tied_embedding(path, &layout, data, form);
+                let over_map = as_stored && B::BF16_WEIGHTS && kept == form;
+                if !over_map {
+                    // SAFETY: the burnpack's tensors lie in its read-only private map.
+                    unsafe { crate::util::files::release_mapped(&bytes) };
+                }
+                (id, data, kept)
             }
             Source::LaidOut(file) => {
                 if self.tied && path == TIED_LM_HEAD {

@@ -19,7 +19,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::model::config::ConfigError;
 use crate::util::file_names::{
-    CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, POOLING_FILE,
+    BURNPACK_FILE, CONFIG_FILE, GENERATION_CONFIG_FILE, MANIFEST_FILE, MODEL_FILE, POOLING_FILE,
     TOKENIZER_CONFIG_FILE, TOKENIZER_FILE, WEIGHTS_FILE,
 };
 use crate::util::files::{FileError, read_text_bounded};
@@ -29,12 +29,13 @@ pub const FORMAT_VERSION: u32 = 1;
 
 /// Files every artifact has, besides the manifest.
 pub const REQUIRED_FILES: [&str; 3] = [MODEL_FILE, CONFIG_FILE, TOKENIZER_FILE];
-/// Files an artifact has when its checkpoint had them.
-pub const OPTIONAL_FILES: [&str; 4] = [
+/// Files an artifact has when its checkpoint had them (or, model.bpk, when asked for).
+pub const OPTIONAL_FILES: [&str; 5] = [
     GENERATION_CONFIG_FILE,
     TOKENIZER_CONFIG_FILE,
     WEIGHTS_FILE,
     POOLING_FILE,
+    BURNPACK_FILE,
 ];
 
 /// Largest manifest we read: a real one is a few KB.

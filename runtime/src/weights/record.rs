@@ -45,6 +45,13 @@ pub struct StoredParam<'a> {
     range: Range<usize>,
 }
 
+impl StoredParam<'_> {
+    /// Where its bytes lie in the file, for a reader that reads them without the map.
+    pub fn file_range(&self) -> Range<usize> {
+        self.range.clone()
+    }
+}
+
 impl Record {
     /// Maps `path` and parses its structure (not its tensors' values).
     pub fn open(path: &Path) -> Result<Self, String> {

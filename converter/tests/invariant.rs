@@ -179,21 +179,7 @@ fn data_dir(name: &str) -> std::path::PathBuf {
 #[test]
 fn every_family_reaches_a_position_in_the_same_bits_every_way() {
     let mut fast_differs = false;
-    for (i, variant) in [
-        "tiny",
-        "tiny-llama3",
-        "tiny-linear",
-        "tiny-mistral",
-        "tiny-qwen2",
-        "tiny-yarn",
-        "tiny-qwen3",
-        "tiny-smollm3",
-        "tiny-gemma3",
-        "tiny-phi3",
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, variant) in common::FAMILIES.into_iter().enumerate() {
         let tmp = tempfile::tempdir().unwrap();
         let run = common::converter(&[&"convert", &data_dir(variant), &tmp.path()]);
         assert!(run.success, "{variant}: {}", run.stderr);

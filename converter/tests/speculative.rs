@@ -112,18 +112,7 @@ fn assert_same<B: KernelBackend>(
 
 #[test]
 fn every_family_generates_the_same_tokens_with_drafts() {
-    for variant in [
-        "tiny",
-        "tiny-llama3",
-        "tiny-linear",
-        "tiny-mistral",
-        "tiny-qwen2",
-        "tiny-yarn",
-        "tiny-qwen3",
-        "tiny-smollm3",
-        "tiny-gemma3",
-        "tiny-phi3",
-    ] {
+    for variant in common::FAMILIES {
         let tmp = tempfile::tempdir().unwrap();
         let run = common::converter(&[&"convert", &data_dir(variant), &tmp.path()]);
         assert!(run.success, "{variant}: {}", run.stderr);

@@ -160,6 +160,20 @@ pub fn write_json(path: &Path, value: &serde_json::Value) {
     std::fs::write(path, serde_json::to_string_pretty(value).unwrap()).unwrap();
 }
 
+/// The family fixtures in tests/data (scripts/make_tiny_fixture.py), one checkpoint each.
+pub const FAMILIES: [&str; 10] = [
+    "tiny",
+    "tiny-llama3",
+    "tiny-linear",
+    "tiny-mistral",
+    "tiny-qwen2",
+    "tiny-yarn",
+    "tiny-qwen3",
+    "tiny-smollm3",
+    "tiny-gemma3",
+    "tiny-phi3",
+];
+
 /// A tied bf16 checkpoint in `tmp/hf`, converted into `tmp/out`.
 pub fn converted_tiny() -> (tempfile::TempDir, PathBuf, PathBuf) {
     let tmp = tempfile::tempdir().unwrap();

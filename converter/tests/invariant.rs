@@ -122,7 +122,7 @@ fn check<B: KernelBackend>(
         );
     }
 
-    // A reused cache: positions stepped (an earlier answer) or prompted, cut back, continued.
+    // A reused cache: positions stepped (an earlier answer), cut back, continued.
     let [at] = splits.cuts(n, 1)[..] else {
         unreachable!()
     };

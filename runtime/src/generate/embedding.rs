@@ -5,8 +5,6 @@
 //! whatever else is being embedded: a text's embedding is the same bits alone or among
 //! others (a batch of texts is a loop, not one pass of a padded batch).
 
-use burn::tensor::{Int, Tensor, TensorData};
-
 use super::{GenerateError, Generator, PREFILL_CHUNK};
 use crate::model::backend::KernelBackend;
 
@@ -32,9 +30,7 @@ impl<B: KernelBackend> Generator<B> {
         let mut cache = self.new_cache(ids.len())?;
         let mut rows = Vec::with_capacity(ids.len() * hidden);
         for chunk in ids.chunks(PREFILL_CHUNK) {
-            let tokens: Vec<i64> = chunk.iter().map(|&id| i64::from(id)).collect();
-            let tokens = TensorData::new(tokens, [1, chunk.len()]);
-            let tokens = Tensor::<B, 2, Int>::from_data(tokens, &self.device);
+            let tokens = self.id_tensor(chunk, [1, chunk.len()]);
             let states = self.model.forward(tokens, &mut cache, self.matmul)?;
             let states = (states.into_data().into_vec::<f32>())
                 .map_err(|e| GenerateError::Backend(format!("cannot read hidden states: {e:?}")))?;

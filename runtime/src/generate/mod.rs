@@ -780,9 +780,7 @@ impl<B: KernelBackend> Generator<B> {
             let (pass_rows, rest_rows) = rows.split_at(count);
             let (pass_ids, rest_ids) = ids.split_at(pass_rows.iter().sum());
             (caches, rows, ids) = (rest_caches, rest_rows, rest_ids);
-            let tokens: Vec<i64> = pass_ids.iter().map(|&id| i64::from(id)).collect();
-            let tokens = TensorData::new(tokens, [pass_ids.len(), 1]);
-            let tokens = Tensor::<B, 2, Int>::from_data(tokens, &self.device);
+            let tokens = self.id_tensor(pass_ids, [pass_ids.len(), 1]);
             let logits = self
                 .model
                 .decode_rows(tokens, pass_caches, pass_rows, self.matmul)?
@@ -794,6 +792,13 @@ impl<B: KernelBackend> Generator<B> {
             );
         }
         Ok(out)
+    }
+
+    /// `ids` as the model takes them, shaped `shape`: `[1, n]` for a run of positions of
+    /// one sequence, `[n, 1]` for rows ([`Llama::decode_rows`]).
+    fn id_tensor(&self, ids: &[u32], shape: [usize; 2]) -> Tensor<B, 2, Int> {
+        let ids: Vec<i64> = ids.iter().map(|&id| i64::from(id)).collect();
+        Tensor::from_data(TensorData::new(ids, shape), &self.device)
     }
 
     /// Fails unless every id is inside the vocabulary: an id past the embedding would index

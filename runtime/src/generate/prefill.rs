@@ -4,7 +4,7 @@
 
 use std::str::FromStr;
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use super::{Generator, WantedLogits};
 use crate::model::backend::KernelBackend;
@@ -64,10 +64,7 @@ impl<B: KernelBackend> Generator<B> {
         if self.prefill == Prefill::Invariant {
             return self.invariant_logits(tokens, cache, wanted);
         }
-        let ids = Tensor::<B, 2, Int>::from_data(
-            TensorData::new(ids(tokens), [1, tokens.len()]),
-            &self.device,
-        );
+        let ids = self.id_tensor(tokens, [1, tokens.len()]);
         if tokens.len() == 1 {
             return Ok(Some(
                 self.model.decode(ids, cache, self.matmul)?.into_data(),
@@ -96,8 +93,7 @@ impl<B: KernelBackend> Generator<B> {
         let mut kept = Vec::new();
         let passes = tokens.len().div_ceil(INVARIANT_ROWS);
         for (i, pass) in tokens.chunks(INVARIANT_ROWS).enumerate() {
-            let ids = TensorData::new(ids(pass), [pass.len(), 1]);
-            let ids = Tensor::<B, 2, Int>::from_data(ids, &self.device);
+            let ids = self.id_tensor(pass, [pass.len(), 1]);
             let hidden = (self.model).decode_rows_hidden(
                 ids,
                 &mut [&mut *cache],
@@ -128,8 +124,4 @@ impl<B: KernelBackend> Generator<B> {
             .collect();
         Ok(Some(Tensor::cat(logits, 0).into_data()))
     }
-}
-
-fn ids(tokens: &[u32]) -> Vec<i64> {
-    tokens.iter().map(|&id| i64::from(id)).collect()
 }

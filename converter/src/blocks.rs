@@ -9,7 +9,8 @@
 //! whole rows moved). The safetensors metadata maps each tensor's name to its ggml type
 //! (`Q8_0`, `Q4_0`, `Q5_0`, `Q4_K`, `Q6_K`: the types the runtime keeps, `BlockType`).
 
-use std::collections::{BTreeMap, HashMap};
+use std::borrow::Cow;
+use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
@@ -17,6 +18,8 @@ use anyhow::{Context, Result, bail};
 use kernels::quant::BlockType;
 use runtime::util::files::MappedFile;
 use safetensors::{Dtype, SafeTensors};
+
+use crate::import::Imported;
 
 pub const FILE_NAME: &str = "blocks.safetensors";
 
@@ -26,24 +29,42 @@ pub struct BlockTensor {
     pub ty: BlockType,
     /// `[d_out, row bytes]`.
     pub shape: [usize; 2],
-    range: Range<usize>,
+    place: Place,
+}
+
+#[derive(Debug, Clone)]
+enum Place {
+    /// Its bytes in the file.
+    File(Range<usize>),
+    /// Its index in [`Imported::kept`].
+    Kept(usize),
 }
 
 impl BlockTensor {
-    /// Where its blocks lie in the file.
-    pub fn range(&self) -> Range<usize> {
-        self.range.clone()
+    /// Where its blocks lie in the file, for a tensor [`read_header`] found.
+    pub fn range(&self) -> Option<Range<usize>> {
+        match &self.place {
+            Place::File(range) => Some(range.clone()),
+            Place::Kept(_) => None,
+        }
     }
 }
 
-/// An open blocks.safetensors, its header checked.
-pub struct BlocksFile {
-    file: MappedFile,
+/// An open blocks.safetensors, its header checked; or the one a GGUF would import as.
+pub struct BlocksFile<'a> {
+    source: Blocks<'a>,
     /// By Hugging Face name.
     pub tensors: BTreeMap<String, BlockTensor>,
 }
 
-impl BlocksFile {
+/// Where a [`BlocksFile`]'s bytes are.
+enum Blocks<'a> {
+    File(MappedFile),
+    /// Made from the GGUF's own, `tensors` in the order of [`Imported::kept`].
+    Gguf(&'a Imported),
+}
+
+impl<'a> BlocksFile<'a> {
     /// The blocks file of the checkpoint in `dir`, if it has one. Every tensor must be U8
     /// rows of whole blocks of a type named in the metadata, and every type a tensor's.
     pub fn open(dir: &Path) -> Result<Option<Self>> {
@@ -54,19 +75,42 @@ impl BlocksFile {
         let file = MappedFile::open(&path)?;
         let tensors =
             read_header(file.bytes()).with_context(|| format!("{}: not valid", path.display()))?;
-        Ok(Some(Self { file, tensors }))
+        let source = Blocks::File(file);
+        Ok(Some(Self { source, tensors }))
     }
 
-    /// The blocks of `tensor`, over the map.
-    pub fn bytes(&self, tensor: &BlockTensor) -> &[u8] {
-        &self.file.bytes()[tensor.range.clone()]
+    /// The blocks file `import-gguf` writes of `gguf`, if it writes one.
+    pub fn of_gguf(gguf: &'a Imported) -> Option<Self> {
+        let tensors = (gguf.kept().iter().enumerate())
+            .map(|(index, kept)| {
+                let tensor = BlockTensor {
+                    ty: kept.ty,
+                    shape: kept.shape,
+                    place: Place::Kept(index),
+                };
+                (kept.hf_name.clone(), tensor)
+            })
+            .collect::<BTreeMap<_, _>>();
+        let source = Blocks::Gguf(gguf);
+        (!tensors.is_empty()).then_some(Self { source, tensors })
+    }
+
+    /// The blocks of `tensor`: over the map, or from the GGUF (q/k rows un-permuted).
+    pub fn bytes(&self, tensor: &BlockTensor) -> Result<Cow<'_, [u8]>> {
+        match (&self.source, &tensor.place) {
+            (Blocks::File(file), Place::File(range)) => {
+                Ok(Cow::Borrowed(&file.bytes()[range.clone()]))
+            }
+            (Blocks::Gguf(gguf), &Place::Kept(index)) => gguf.blocks(&gguf.kept()[index]),
+            _ => unreachable!("a file's tensors are placed in it"),
+        }
     }
 }
 
 /// The metadata naming each tensor's type, as [`read_header`] reads it.
 pub fn metadata<'a>(
     types: impl IntoIterator<Item = (&'a str, BlockType)>,
-) -> HashMap<String, String> {
+) -> BTreeMap<String, String> {
     (types.into_iter())
         .map(|(name, ty)| (name.to_string(), ty.name().to_string()))
         .collect()
@@ -106,7 +150,7 @@ pub fn read_header(bytes: &[u8]) -> Result<BTreeMap<String, BlockTensor>> {
         let tensor = BlockTensor {
             ty,
             shape: [rows, row_bytes],
-            range: data_start + start..data_start + end,
+            place: Place::File(data_start + start..data_start + end),
         };
         tensors.insert(name, tensor);
     }

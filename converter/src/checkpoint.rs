@@ -21,6 +21,7 @@ use runtime::weights::manifest::is_plain_file_name;
 use runtime::util::files::MappedFile;
 
 use crate::finite;
+use crate::import::Imported;
 use crate::names::Transform;
 
 pub const SINGLE_FILE: &str = "model.safetensors";
@@ -41,10 +42,19 @@ pub struct TensorMeta {
 
 /// The weights of a checkpoint, by Hugging Face tensor name.
 pub struct Checkpoint {
-    shards: Vec<MappedFile>,
+    store: Store,
     /// File names (within the checkpoint dir) of everything read: index and shards.
     pub files: Vec<String>,
     pub tensors: BTreeMap<String, TensorMeta>,
+}
+
+/// Where a checkpoint's tensors are.
+enum Store {
+    /// Safetensors files, by [`TensorMeta::shard`].
+    Shards(Vec<MappedFile>),
+    /// The checkpoint `import-gguf` would write of a GGUF, never written: each tensor
+    /// (its index in [`Imported::tensors`] as its shard) made when read.
+    Gguf(Box<Imported>),
 }
 
 #[derive(Deserialize)]
@@ -102,10 +112,40 @@ impl Checkpoint {
         }
         let files = index_files.into_iter().chain(shard_names).collect();
         Ok(Self {
-            shards,
+            store: Store::Shards(shards),
             files,
             tensors,
         })
+    }
+
+    /// The checkpoint `import-gguf` would write of `gguf` (its model.safetensors: the
+    /// blocks beside it are `BlocksFile::of_gguf`'s), read without writing it.
+    pub fn of_gguf(gguf: Imported) -> Self {
+        let tensors = (gguf.tensors().iter().enumerate())
+            .map(|(index, tensor)| {
+                let meta = TensorMeta {
+                    dtype: tensor.dtype,
+                    shape: tensor.shape.clone(),
+                    shard: index,
+                    start: 0,
+                    end: tensor.bytes(),
+                };
+                (tensor.hf_name.clone(), meta)
+            })
+            .collect();
+        Self {
+            store: Store::Gguf(Box::new(gguf)),
+            files: vec![SINGLE_FILE.to_string()],
+            tensors,
+        }
+    }
+
+    /// The GGUF this checkpoint is read from, if it is one.
+    pub fn gguf(&self) -> Option<&Imported> {
+        match &self.store {
+            Store::Gguf(gguf) => Some(gguf),
+            Store::Shards(_) => None,
+        }
     }
 
     /// Names every tensor `prefix` + its name when none has the prefix: a base model saved
@@ -144,9 +184,18 @@ impl Checkpoint {
             Some(rows) => &meta.rows(name, rows)?,
             None => meta,
         };
-        let shard = &self.shards[meta.shard];
-        write_tensor(name, meta, shard.bytes(), transform, BLOCK, out)?;
-        shard.release(meta.start..meta.end);
+        match &self.store {
+            Store::Shards(shards) => {
+                let shard = &shards[meta.shard];
+                write_tensor(name, meta, shard.bytes(), transform, BLOCK, out)?;
+                shard.release(meta.start..meta.end);
+            }
+            Store::Gguf(gguf) => {
+                // The whole tensor, as model.safetensors would hold it (`meta` its range).
+                let values = gguf.values(&gguf.tensors()[meta.shard])?;
+                write_tensor(name, meta, values.bytes(), transform, BLOCK, out)?;
+            }
+        }
         Ok(())
     }
 }

@@ -8,12 +8,17 @@
 //! (`crate::blocks`): weights.bin stores those verbatim, once each is checked to decode to
 //! exactly the record's values, and nothing else of the artifact refers to them.
 
+use std::borrow::Cow;
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::os::fd::AsRawFd;
 use std::path::Path;
 
 use anyhow::{Context, Result, anyhow, bail, ensure};
-use runtime::model::config::{CONFIG_LIMIT, GenerationConfig, HfConfig, LlamaConfig, TokenIds};
+use indicatif::ProgressBar;
+use kernels::quant::BlockType;
+use runtime::model::config::{
+    CONFIG_LIMIT, GenerationConfig, HfConfig, LlamaConfig, Pooling, TokenIds,
+};
 use runtime::model::llama::Llama;
 use runtime::model::params::{ParamInfo, params};
 use runtime::text::chat::{ChatError, ChatRequest};
@@ -33,7 +38,8 @@ use safetensors::Dtype;
 use crate::blocks::{self, BlocksFile};
 use crate::burnpack::write_burnpack;
 use crate::checkpoint::Checkpoint;
-use crate::digest::{PROBE_TEXT, digest_file, digests, probe};
+use crate::digest::{PROBE_TEXT, digest_file, digest_written, digests, probe};
+use crate::import::Imported;
 use crate::names::{self, Transform};
 use crate::pooling;
 use crate::record::{B, Source, write_record};
@@ -61,8 +67,14 @@ pub fn convert(src: &Path, out: &Path, render: &Render) -> Result<Manifest> {
     convert_with(src, out, render, Options::default())
 }
 
-/// [`convert`], writing what `options` asks for too.
+/// [`convert`], writing what `options` asks for too. `src` is a checkpoint directory or a
+/// GGUF file, read as the checkpoint `import-gguf` makes of it without writing one: the
+/// artifact is the one `import-gguf` then `convert` give, file for file (its manifest names
+/// that checkpoint's files as the source, and `verify --source` takes the GGUF).
 pub fn convert_with(src: &Path, out: &Path, render: &Render, options: Options) -> Result<Manifest> {
+    if src.is_file() {
+        return convert_gguf(src, out, render, options);
+    }
     let hf = HfConfig::from_file(&src.join(CONFIG_FILE))?;
     let config = LlamaConfig::from_hf(&hf)?;
     // Each side file read once, within its bound; what is copied is what was checked.
@@ -78,7 +90,91 @@ pub fn convert_with(src: &Path, out: &Path, render: &Render, options: Options) -
     // The side files as the runtime will read them, checked before any weight is.
     let tokenizer = check_side_files(src, &config, render)?;
     let pooling = pooling::read(src, &hf, &config)?;
-    let mut checkpoint = Checkpoint::open(src)?;
+    let checkpoint = Checkpoint::open(src)?;
+    // Creates `out` too (and removes it again if this run fails before finishing).
+    let staging = Staging::create(out.join(".partial"), &[src])?;
+    for (name, bytes) in &side_files {
+        staging.write(name, bytes)?;
+    }
+    let checked = Checked {
+        config,
+        tokenizer,
+        pooling,
+        side_files: side_files.iter().map(|(name, _)| *name).collect(),
+    };
+    write_artifact(src, staging, out, checked, checkpoint, options)
+}
+
+/// [`convert_with`] of a GGUF file: its side files are written first and checked where they
+/// are written, as only the artifact holds them.
+fn convert_gguf(src: &Path, out: &Path, render: &Render, options: Options) -> Result<Manifest> {
+    let gguf = Imported::open(src)?;
+    let staging = Staging::create(out.join(".partial"), &[src])?;
+    for (name, bytes) in gguf.side_files() {
+        staging.write(name, bytes)?;
+    }
+    let dir = staging.path("");
+    let check = || -> Result<Checked> {
+        let hf = HfConfig::from_file(&dir.join(CONFIG_FILE))?;
+        let config = LlamaConfig::from_hf(&hf)?;
+        let tokenizer = check_side_files(&dir, &config, render)?;
+        // No sentence-transformers files: the default pooling if config.json says embedding.
+        let pooling = pooling::read(&dir, &hf, &config)?;
+        let side_files = gguf.side_files().iter().map(|(name, _)| *name).collect();
+        Ok(Checked {
+            config,
+            tokenizer,
+            pooling,
+            side_files,
+        })
+    };
+    let checked = check().with_context(|| format!("{} as imported", src.display()))?;
+    let checkpoint = Checkpoint::of_gguf(gguf);
+    write_artifact(src, staging, out, checked, checkpoint, options)
+}
+
+/// The digests of the checkpoint `import-gguf` writes of `gguf`, by name: what a manifest
+/// records as the source of an artifact converted from it.
+pub fn source_digests(gguf: &Imported) -> Result<Vec<FileDigest>> {
+    let mut files = Vec::new();
+    for (name, bytes) in gguf.side_files() {
+        files.push(digest_written(name, |out| Ok(out.write_all(bytes)?))?);
+    }
+    let progress = ProgressBar::hidden();
+    for name in gguf.weight_files() {
+        files.push(digest_written(name, |out| {
+            gguf.write_weight_file(name, out, &progress)
+        })?);
+    }
+    files.sort_by(|a, b| a.name.cmp(&b.name));
+    Ok(files)
+}
+
+/// What is read and checked of a checkpoint before its weights are.
+struct Checked {
+    config: LlamaConfig,
+    tokenizer: Tokenizer,
+    pooling: Option<Pooling>,
+    /// The side files copied into the artifact (written in staging already).
+    side_files: Vec<&'static str>,
+}
+
+/// Writes the artifact of `checkpoint`, read from `src` (a directory, or a GGUF) and
+/// checked as `checked`, into `staging` and moves it into `out`.
+fn write_artifact(
+    src: &Path,
+    staging: Staging,
+    out: &Path,
+    checked: Checked,
+    mut checkpoint: Checkpoint,
+    options: Options,
+) -> Result<Manifest> {
+    let Checked {
+        config,
+        tokenizer,
+        pooling,
+        side_files,
+    } = checked;
     if config.embedding_model {
         checkpoint.add_missing_prefix(names::MODEL_PREFIX);
     }
@@ -89,19 +185,20 @@ pub fn convert_with(src: &Path, out: &Path, render: &Render, options: Options) -
     let model = config.init::<B>(&device);
     let sources = plan(&checkpoint, &config, &model)?;
     let declared = params::<B, _>(&model);
-    let blocks_file = BlocksFile::open(src)?;
-    let blocks = match &blocks_file {
-        Some(file) => kept_blocks(file, &declared, config.tie_word_embeddings)?,
-        None => HashMap::new(),
+    let blocks = match checkpoint.gguf() {
+        Some(gguf) => BlocksFile::of_gguf(gguf),
+        None => BlocksFile::open(src)?,
     };
+    let kept = match &blocks {
+        Some(file) => kept_blocks(file, &declared, config.tie_word_embeddings)?,
+        None => Vec::new(),
+    };
+    let stored: HashMap<String, StoredBlocks<'_>> = (kept.iter())
+        .map(|(path, ty, bytes)| (path.clone(), StoredBlocks { ty: *ty, bytes }))
+        .collect();
 
-    // Creates `out` too (and removes it again if this run fails before finishing).
-    let staging = Staging::create(out.join(".partial"), &[src])?;
     let mut artifact_files = vec![MODEL_FILE.to_string()];
-    for (name, bytes) in &side_files {
-        staging.write(name, bytes)?;
-        artifact_files.push(name.to_string());
-    }
+    artifact_files.extend(side_files.iter().map(|name| name.to_string()));
     if let Some(pooling) = &pooling {
         let text = serde_json::to_string_pretty(pooling)? + "\n";
         staging.write(POOLING_FILE, text.as_bytes())?;
@@ -121,9 +218,14 @@ pub fn convert_with(src: &Path, out: &Path, render: &Render, options: Options) -
         &staging,
         &declared,
         config.tie_word_embeddings,
-        &blocks,
+        &stored,
         &record,
     )?;
+    // The blocks (owned where q/k rows were moved) are done with.
+    let has_blocks = blocks.is_some();
+    drop(stored);
+    drop(kept);
+    drop(blocks);
     artifact_files.push(WEIGHTS_FILE.to_string());
     if options.burnpack {
         let model = config.init::<B>(&device);
@@ -131,12 +233,17 @@ pub fn convert_with(src: &Path, out: &Path, render: &Render, options: Options) -
         artifact_files.push(BURNPACK_FILE.to_string());
     }
 
-    // blocks.safetensors is a source: `verify --source` checks it as it checks the rest.
-    let source_files = side_files
-        .iter()
-        .map(|(name, _)| name.to_string())
-        .chain(checkpoint.files.iter().cloned())
-        .chain(blocks_file.map(|_| blocks::FILE_NAME.to_string()));
+    let source = match checkpoint.gguf() {
+        // The files `import-gguf` writes, hashed as it would write them.
+        Some(gguf) => source_digests(gguf)?,
+        // blocks.safetensors is a source: `verify --source` checks it as it checks the rest.
+        None => {
+            let files = (side_files.iter().map(|name| name.to_string()))
+                .chain(checkpoint.files.iter().cloned())
+                .chain(has_blocks.then(|| blocks::FILE_NAME.to_string()));
+            digests(src, files)?
+        }
+    };
     let others = artifact_files.iter().filter(|f| *f != MODEL_FILE).cloned();
     let mut files = digests(&staging.path(""), others)?;
     files.push(record);
@@ -144,7 +251,7 @@ pub fn convert_with(src: &Path, out: &Path, render: &Render, options: Options) -
     let manifest = Manifest {
         format_version: FORMAT_VERSION,
         converter: format!("converter {}", env!("CARGO_PKG_VERSION")),
-        source: digests(src, source_files)?,
+        source,
         files,
         probe: probe(&tokenizer, PROBE_TEXT)?,
     };
@@ -199,7 +306,7 @@ fn write_weights(
     Ok(())
 }
 
-/// The blocks of `file` by the record field path of the matrix each is (`declared`, the
+/// The blocks of `file` (over its map, or made from the GGUF) by the record field path of the matrix each is (`declared`, the
 /// model's parameters: a projection, or the embedding; a tied lm_head is not stored, so it
 /// has none), each of the shape its matrix needs: `[d_out, row bytes]` of `d_in` values a
 /// row (`[vocab, row bytes]` of `hidden` for the embedding).
@@ -207,8 +314,8 @@ fn kept_blocks<'a>(
     file: &'a BlocksFile,
     declared: &[ParamInfo],
     tied: bool,
-) -> Result<HashMap<String, StoredBlocks<'a>>> {
-    let mut kept = HashMap::new();
+) -> Result<Vec<(String, BlockType, Cow<'a, [u8]>)>> {
+    let mut kept = Vec::new();
     for param in declared {
         let Some((hf_name, transform)) = names::to_hf(param) else {
             continue;
@@ -243,8 +350,7 @@ fn kept_blocks<'a>(
                 None => format!(", not whole {ty} blocks of {}", ty.values()),
             }
         );
-        let bytes = file.bytes(tensor);
-        kept.insert(param.path.clone(), StoredBlocks { ty, bytes });
+        kept.push((param.path.clone(), ty, file.bytes(tensor)?));
     }
     let matrix = |name: &&String| {
         (declared.iter()).any(|p| {

@@ -1,6 +1,6 @@
 //! What a manifest records of files: sha256 digests, and the tokenizer probe.
 
-use std::io::Read;
+use std::io::{BufWriter, Read, Write};
 use std::path::Path;
 
 use anyhow::{Context, Result};
@@ -61,4 +61,45 @@ pub fn digests(dir: &Path, names: impl Iterator<Item = String>) -> Result<Vec<Fi
             })
         })
         .collect()
+}
+
+/// sha256 and size of the bytes `write` writes, as [`digest_file`] gives them for a file
+/// holding them: a file's digest without the file (a GGUF's checkpoint, converted in one
+/// step, is never written).
+pub fn digest_written(
+    name: &str,
+    write: impl FnOnce(&mut dyn Write) -> Result<()>,
+) -> Result<FileDigest> {
+    let mut out = Hashing {
+        hasher: Sha256::new(),
+        bytes: 0,
+    };
+    // Buffered as a file's writes are: sha256 takes large slices fastest.
+    let mut buffered = BufWriter::with_capacity(1 << 20, &mut out);
+    write(&mut buffered)?;
+    buffered.flush()?;
+    drop(buffered);
+    Ok(FileDigest {
+        name: name.to_string(),
+        sha256: hex(&out.hasher.finalize()),
+        bytes: out.bytes,
+    })
+}
+
+/// A writer that only hashes and counts.
+struct Hashing {
+    hasher: Sha256,
+    bytes: u64,
+}
+
+impl Write for Hashing {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.hasher.update(buf);
+        self.bytes += buf.len() as u64;
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
 }

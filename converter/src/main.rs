@@ -27,10 +27,12 @@ enum Command {
         /// The checkpoint directory to write (replaced as a whole).
         out_dir: PathBuf,
     },
-    /// Convert a Hugging Face Llama checkpoint into a Burn record artifact
-    /// (model.mpk, config and tokenizer files, manifest.json).
+    /// Convert a Hugging Face Llama checkpoint, or a GGUF, into a Burn record artifact
+    /// (model.mpk, weights.bin, config and tokenizer files, manifest.json).
     Convert {
-        /// Directory with config.json, tokenizer.json and model.safetensors (or shards).
+        /// Directory with config.json, tokenizer.json and model.safetensors (or shards); or
+        /// a .gguf file, converted in one step: the artifact `import-gguf` then `convert`
+        /// give, file for file, with no checkpoint written.
         hf_dir: PathBuf,
         /// The artifact directory to write.
         out_dir: PathBuf,
@@ -47,7 +49,8 @@ enum Command {
     Verify {
         /// The artifact directory.
         out_dir: PathBuf,
-        /// Also check the checkpoint files the artifact was converted from.
+        /// Also check the checkpoint files the artifact was converted from (a directory, or
+        /// the .gguf a one-step conversion read).
         #[arg(long)]
         source: Option<PathBuf>,
     },

@@ -8,11 +8,13 @@ use runtime::util::file_names::{CONFIG_FILE, TOKENIZER_FILE};
 use runtime::weights::artifact::{check_burnpack_file, check_weights_file};
 use runtime::weights::manifest::{FileDigest, Manifest};
 
-use crate::convert::{Render, check_side_files};
+use crate::convert::{Render, check_side_files, source_digests};
 use crate::digest::{digest_file, probe};
+use crate::import::Imported;
 
-/// Differences between the artifact in `out` (and, if given, the checkpoint in `src`) and
-/// the manifest, one line each; empty when everything matches.
+/// Differences between the artifact in `out` (and, if given, the checkpoint in `src`, a
+/// directory or the GGUF it was imported from) and the manifest, one line each; empty when
+/// everything matches.
 pub fn verify(out: &Path, src: Option<&Path>, render: &Render) -> Result<Vec<String>> {
     let manifest = Manifest::read(out)?;
     let mut problems = Vec::new();
@@ -37,8 +39,27 @@ pub fn verify(out: &Path, src: Option<&Path>, render: &Render) -> Result<Vec<Str
         }
     };
     check(out, &manifest.files, "artifact");
-    if let Some(src) = src {
-        check(src, &manifest.source, "source");
+    match src {
+        // A GGUF converted in one step: the files its import would write, recomputed.
+        Some(gguf) if gguf.is_file() => {
+            let digests = source_digests(&Imported::open(gguf)?)?;
+            // Each file one side has and the other has not, or has with other bytes.
+            let mut differ: Vec<&str> = (digests.iter().filter(|f| !manifest.source.contains(f)))
+                .chain(manifest.source.iter().filter(|f| !digests.contains(f)))
+                .map(|file| file.name.as_str())
+                .collect();
+            differ.sort_unstable();
+            differ.dedup();
+            if !differ.is_empty() {
+                problems.push(format!(
+                    "source {}: the checkpoint it imports as differs from the manifest's source in {}",
+                    gguf.display(),
+                    differ.join(", ")
+                ));
+            }
+        }
+        Some(src) => check(src, &manifest.source, "source"),
+        None => {}
     }
     let config = LlamaConfig::from_file(&out.join(CONFIG_FILE));
     if let Ok(config) = &config {

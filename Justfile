@@ -202,11 +202,7 @@ bench-1b *args: build llamacpp-venv
     bench --artifacts "$dir/artifact" --weights q4_0 --matmul int8 --gguf "$dir/gguf/q4_0.gguf"
     # llama.cpp's own files imported (their blocks kept), the same file through both.
     for kind in q8_0 q4_k_m; do
-        if [ ! -f "$dir/$kind/manifest.json" ]; then
-            {{bin}}/converter import-gguf "$dir/gguf/$kind.gguf" "$dir/$kind-hf"
-            {{bin}}/converter convert "$dir/$kind-hf" "$dir/$kind"
-            rm -rf "$dir/$kind-hf"
-        fi
+        [ -f "$dir/$kind/manifest.json" ] || {{bin}}/converter convert "$dir/gguf/$kind.gguf" "$dir/$kind"
         bench --artifacts "$dir/$kind" --matmul int8 --gguf "$dir/gguf/$kind.gguf"
     done
     bench --artifacts "$dir/q4_k_m" --matmul int8 --streams 1,8 --gguf "$dir/gguf/q4_k_m.gguf"

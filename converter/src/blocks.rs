@@ -21,7 +21,8 @@ use safetensors::{Dtype, SafeTensors};
 
 use crate::import::Imported;
 
-pub const FILE_NAME: &str = "blocks.safetensors";
+/// Its name, beside model.safetensors (`import-gguf` writes it).
+pub use crate::import::BLOCKS_FILE as FILE_NAME;
 
 /// One projection's blocks in the file.
 #[derive(Debug, Clone)]
@@ -105,15 +106,6 @@ impl<'a> BlocksFile<'a> {
             _ => unreachable!("a file's tensors are placed in it"),
         }
     }
-}
-
-/// The metadata naming each tensor's type, as [`read_header`] reads it.
-pub fn metadata<'a>(
-    types: impl IntoIterator<Item = (&'a str, BlockType)>,
-) -> BTreeMap<String, String> {
-    (types.into_iter())
-        .map(|(name, ty)| (name.to_string(), ty.name().to_string()))
-        .collect()
 }
 
 /// The tensors of a blocks file `bytes`, checked.

@@ -4,6 +4,9 @@
 //! Files are memory-mapped and headers validated at open (the safetensors crate checks that
 //! offsets are in range, contiguous and agree with dtype × shape); tensor data is decoded
 //! only when asked for, one tensor at a time.
+//!
+//! Or a GGUF's tensors, as the model.safetensors `import-gguf` writes would hold them
+//! (`Checkpoint::of_gguf`), each dequantized when asked for: `convert` of a GGUF in one step.
 
 use std::collections::BTreeMap;
 use std::io::Write;

@@ -306,15 +306,16 @@ fn write_weights(
     Ok(())
 }
 
-/// The blocks of `file` (over its map, or made from the GGUF) by the record field path of the matrix each is (`declared`, the
-/// model's parameters: a projection, or the embedding; a tied lm_head is not stored, so it
-/// has none), each of the shape its matrix needs: `[d_out, row bytes]` of `d_in` values a
-/// row (`[vocab, row bytes]` of `hidden` for the embedding).
+/// The blocks of `file` (over its map, or made from the GGUF) by the record field path of
+/// the matrix each is (`declared`, the model's parameters: a projection, or the embedding;
+/// a tied lm_head is not stored, so it has none), each of the shape its matrix needs:
+/// `[d_out, row bytes]` of `d_in` values a row (`[vocab, row bytes]` of `hidden` for the
+/// embedding).
 fn kept_blocks<'a>(
     file: &'a BlocksFile,
     declared: &[ParamInfo],
     tied: bool,
-) -> Result<Vec<(String, BlockType, Cow<'a, [u8]>)>> {
+) -> Result<Vec<KeptBlocks<'a>>> {
     let mut kept = Vec::new();
     for param in declared {
         let Some((hf_name, transform)) = names::to_hf(param) else {
@@ -364,6 +365,9 @@ fn kept_blocks<'a>(
     }
     Ok(kept)
 }
+
+/// A matrix's blocks: its record field path, type and bytes.
+type KeptBlocks<'a> = (String, BlockType, Cow<'a, [u8]>);
 
 /// How a chat template is rendered to check it: `runtime::text::chat::render_isolated` in the
 /// binary (a child process with capped memory), `ChatRequest::render` where that is enough.

@@ -5,6 +5,7 @@
 use anyhow::{Result, bail, ensure};
 use half::f16;
 use kernels::quant::BlockType;
+use rayon::prelude::*;
 
 /// ggml tensor types: plain floats, ggml's blocks, or a type we do not read (named for
 /// errors).
@@ -111,7 +112,14 @@ pub fn dequantize(ty: GgmlType, bytes: &[u8], numel: usize) -> Result<Vec<f32>> 
         // the kernels.
         GgmlType::Blocks(ty) => {
             let mut out = vec![0.0; blocks * block_values as usize];
-            ty.decode(&bytes[..blocks * block_bytes as usize], &mut out);
+            // Blocks decode independently: on every core, a few thousand at a time.
+            let per_task = 4096;
+            (out.par_chunks_mut(per_task * block_values as usize))
+                .zip(
+                    bytes[..blocks * block_bytes as usize]
+                        .par_chunks(per_task * block_bytes as usize),
+                )
+                .for_each(|(out, bytes)| ty.decode(bytes, out));
             out
         }
         GgmlType::Unsupported(..) => unreachable!("refused above"),

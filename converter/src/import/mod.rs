@@ -27,7 +27,6 @@ use serde_json::{Value as Json, json};
 use crate::gguf::{Gguf, TensorInfo};
 use crate::quants::GgmlType;
 use crate::staging::{Staging, finish};
-use crate::{blocks, checkpoint};
 use config::Hyperparams;
 pub use names::hf_name;
 use names::hf_name_in;
@@ -47,7 +46,8 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
     let name = out.file_name().context("output directory has no name")?;
     let staging_dir = parent.join(format!(".{}.partial", name.to_string_lossy()));
     let staging = Staging::create(staging_dir, &[gguf_path])?;
-    // Hidden unless stderr is a terminal; counts the bytes written, both files together.
+    // Hidden unless stderr is a terminal; counts the bytes written, each file's total added
+    // as it starts.
     let progress = ProgressBar::new(0).with_style(
         ProgressStyle::with_template(" importing [{bar:40}] {bytes}/{total_bytes} {elapsed}")
             .expect("valid template")
@@ -74,8 +74,8 @@ pub fn import_gguf(gguf_path: &Path, out: &Path) -> Result<()> {
 pub struct Imported {
     gguf: Gguf,
     hp: Hyperparams,
-    /// The JSON files, made at open (a tokenizer's JSON tree can be hundreds of MB; its
-    /// text is kept, a tenth of that).
+    /// The JSON files, made at open: their text is kept, not the tokenizer's JSON tree,
+    /// which takes several times its text in memory for the whole conversion.
     side_files: Vec<(&'static str, Vec<u8>)>,
     /// model.safetensors's tensors, in the GGUF's order.
     tensors: Vec<ImportedTensor>,
@@ -220,8 +220,8 @@ impl Imported {
     /// The names of the checkpoint's weight files: model.safetensors and, if any projection
     /// is kept, blocks.safetensors.
     pub fn weight_files(&self) -> Vec<&'static str> {
-        let mut names = vec![checkpoint::SINGLE_FILE];
-        names.extend((!self.kept.is_empty()).then_some(blocks::FILE_NAME));
+        let mut names = vec![MODEL_FILE];
+        names.extend((!self.kept.is_empty()).then_some(BLOCKS_FILE));
         names
     }
 
@@ -234,20 +234,20 @@ impl Imported {
         out: &mut dyn Write,
         progress: &ProgressBar,
     ) -> Result<()> {
-        if name == blocks::FILE_NAME {
+        if name == BLOCKS_FILE {
             let views = (self.kept.iter()).map(|tensor| {
                 let [rows, row_bytes] = tensor.shape;
                 let make = move || Ok(Box::new(self.blocks(tensor)?) as TensorBytes);
                 let view = Lazy::new(tensor.shape.to_vec(), Dtype::U8, rows * row_bytes, make);
                 (tensor.hf_name.clone(), view)
             });
-            let types = blocks::metadata(self.kept.iter().map(|k| (k.hf_name.as_str(), k.ty)));
+            // Each tensor's ggml type, by name (`crate::blocks::read_header` reads it).
+            let types = (self.kept.iter())
+                .map(|k| (k.hf_name.clone(), k.ty.name().to_string()))
+                .collect();
             return write_safetensors(views.collect(), types, out, progress);
         }
-        ensure!(
-            name == checkpoint::SINGLE_FILE,
-            "{name} is not a weight file"
-        );
+        ensure!(name == MODEL_FILE, "{name} is not a weight file");
         let views = (self.tensors.iter()).map(|tensor| {
             let bytes = tensor.bytes();
             let make = move || Ok(Box::new(self.values(tensor)?) as TensorBytes);
@@ -294,10 +294,16 @@ fn side_files(
     ])
 }
 
+/// The checkpoint's weights.
+const MODEL_FILE: &str = "model.safetensors";
+
+/// The kept blocks beside them (read by `crate::blocks`).
+pub const BLOCKS_FILE: &str = "blocks.safetensors";
+
 /// The files an import writes: all an existing output directory may hold to be replaced.
 const WRITTEN: [&str; 6] = [
     "model.safetensors",
-    blocks::FILE_NAME,
+    BLOCKS_FILE,
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -473,7 +479,7 @@ fn write_safetensors(
             bytes.len() == view.bytes,
             "a tensor's bytes are not what its shape needs"
         );
-        out.write_all(&bytes)?;
+        out.write_all(bytes)?;
         progress.inc(view.bytes as u64);
     }
     Ok(())

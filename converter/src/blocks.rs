@@ -2,7 +2,8 @@
 //! checkpoint's f32 model.safetensors, which holds exactly the values they decode to.
 //! `import-gguf` writes it; `convert` stores each tensor of it verbatim in weights.bin
 //! (`runtime::weights::file::StoredBlocks`) once checked against the record, so a loaded
-//! model computes on the GGUF's own blocks.
+//! model computes on the GGUF's own blocks. A GGUF converted in one step gives `convert` the
+//! same blocks straight from the GGUF ([`BlocksFile::of_gguf`]), the file never written.
 //!
 //! Each tensor is U8 `[d_out, row bytes]` under its Hugging Face name: a row is one output's
 //! `d_in` inputs as whole blocks, the rows in model.safetensors's order (q/k un-permuted,

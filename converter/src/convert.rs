@@ -75,6 +75,11 @@ pub fn convert_with(src: &Path, out: &Path, render: &Render, options: Options) -
     if src.is_file() {
         return convert_gguf(src, out, render, options);
     }
+    ensure!(
+        src.exists(),
+        "{}: no such checkpoint directory or GGUF file",
+        src.display()
+    );
     let hf = HfConfig::from_file(&src.join(CONFIG_FILE))?;
     let config = LlamaConfig::from_hf(&hf)?;
     // Each side file read once, within its bound; what is copied is what was checked.

@@ -132,6 +132,17 @@ fn a_wrong_or_broken_gguf_is_named() {
     assert_eq!(errors.len(), 1, "{}", run.stderr);
     assert!(errors[0].contains("cut.gguf"), "{}", run.stderr);
     assert!(!out.exists(), "a failed conversion left {}", out.display());
+
+    let missing = converter(&[&"convert", &tmp.path().join("missing.gguf"), &out]);
+    assert!(
+        !missing.success
+            && missing
+                .stderr
+                .contains("no such checkpoint directory or GGUF file"),
+        "{}",
+        missing.stderr
+    );
+    assert!(!out.exists());
 }
 
 /// The real files: Gemma 3 270M as people download it (Q4_K_M, kept blocks, tied,

@@ -95,11 +95,7 @@ pub struct ImportedTensor {
 impl ImportedTensor {
     /// Its size in model.safetensors.
     pub fn bytes(&self) -> usize {
-        let width = match self.dtype {
-            Dtype::F32 => 4,
-            _ => 2,
-        };
-        self.shape.iter().product::<usize>() * width
+        self.shape.iter().product::<usize>() * self.dtype.bitsize() / 8
     }
 }
 
@@ -611,14 +607,7 @@ mod tests {
         ];
         let data: Vec<Vec<u8>> = (tensors.iter().enumerate())
             .map(|(i, (_, dtype, shape))| {
-                let width = if *dtype == Dtype::F32 {
-                    4
-                } else if *dtype == Dtype::U8 {
-                    1
-                } else {
-                    2
-                };
-                let n = shape.iter().product::<usize>() * width;
+                let n = shape.iter().product::<usize>() * dtype.bitsize() / 8;
                 (0..n).map(|j| (i * 31 + j) as u8).collect()
             })
             .collect();

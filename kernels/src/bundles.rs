@@ -145,27 +145,46 @@ fn dot4_x1<W: Stored>(rows: [&[W]; 4], x: &[f32]) -> [f32; 4] {
     dot4_vectors!(rows; x => s0)[0]
 }
 
-/// Two dot products of the same two rows with each of eight vectors, as [`dot4_x4`]: with
-/// sixteen sums, as many as four rows and four vectors, each load and widening of the
-/// weights serves eight vectors instead of four.
+/// Four rows' dot products with each of up to [`MOST_VECTORS`] vectors (`out[v]`: the
+/// four sums of `xs[v]`). With AVX-512, in one pass: each load and widening of the weights
+/// serves every vector, so a verify pass of five to seven rows, or a batch of that many
+/// sequences, costs little more than one of four (docs/BENCHMARKS.md). Otherwise four
+/// vectors at a time ([`dot4_x4`], the last pass repeating its last vector) or one.
 #[inline(always)]
-fn dot2_x8<W: Stored>(rows: [&[W]; 2], xs: [&[f32]; 8]) -> [[f32; 2]; 8] {
+fn dot4_xk<W: Stored>(rows: [&[W]; 4], xs: &[&[f32]], out: &mut [[f32; 4]]) {
+    assert!(out.len() == xs.len() && xs.len() <= MOST_VECTORS);
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 {
+    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 && !matches!(xs.len(), 1 | 4) {
         let d_in = xs[0].len();
         assert!(rows.iter().all(|r| r.len() >= d_in) && xs.iter().all(|x| x.len() == d_in));
+        assert!(d_in.is_multiple_of(LANES));
+        let rows = rows.map(<[W]>::as_ptr);
+        let x = |v: usize| xs[v].as_ptr();
         // SAFETY: the AVX-512 tier was just checked; every row and vector holds `d_in`
-        // values.
-        return unsafe { avx512::dot2_x8(rows.map(<[W]>::as_ptr), xs.map(<[f32]>::as_ptr), d_in) };
+        // values, a multiple of LANES.
+        unsafe {
+            match xs.len() {
+                2 => out.copy_from_slice(&avx512::dot4_x2(rows, [x(0), x(1)], d_in)),
+                3 => out.copy_from_slice(&avx512::dot4_x3(rows, [x(0), x(1), x(2)], d_in)),
+                5 => out.copy_from_slice(&avx512::dot4_x5(rows, std::array::from_fn(x), d_in)),
+                6 => out.copy_from_slice(&avx512::dot4_x6(rows, std::array::from_fn(x), d_in)),
+                _ => out.copy_from_slice(&avx512::dot4_x7(rows, std::array::from_fn(x), d_in)),
+            }
+        }
+        return;
     }
-    let [r0, r1] = rows;
-    let quad = [r0, r1, r0, r1];
-    let low = dot4_vectors!(quad; xs[0] => s0, xs[1] => s1, xs[2] => s2, xs[3] => s3);
-    let high = dot4_vectors!(quad; xs[4] => s0, xs[5] => s1, xs[6] => s2, xs[7] => s3);
-    std::array::from_fn(|v| {
-        let sums = if v < 4 { low[v] } else { high[v - 4] };
-        [sums[0], sums[1]]
-    })
+    for (xs, out) in xs
+        .chunks(VECTORS_PER_PASS)
+        .zip(out.chunks_mut(VECTORS_PER_PASS))
+    {
+        if let [x] = xs {
+            out[0] = dot4_x1(rows, x);
+            continue;
+        }
+        // A pass of fewer than four vectors repeats its last one.
+        let four = dot4_x4(rows, std::array::from_fn(|v| xs[v.min(xs.len() - 1)]));
+        out.copy_from_slice(&four[..xs.len()]);
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -188,49 +207,62 @@ pub(crate) mod avx512 {
         }
     }
 
-    /// See [`super::dot2_x8`]: `d_in` (a multiple of LANES) values from each pointer.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn dot2_x8<W: Stored>(
-        [r0, r1]: [*const W; 2],
-        xs: [*const f32; 8],
-        d_in: usize,
-    ) -> [[f32; 2]; 8] {
-        let zero = _mm512_setzero_ps();
-        let [x0, x1, x2, x3, x4, x5, x6, x7] = xs;
-        // Named, not an array: LLVM kept an array of them partly on the stack.
-        let (mut a0, mut a1, mut a2, mut a3, mut a4, mut a5, mut a6, mut a7) =
-            (zero, zero, zero, zero, zero, zero, zero, zero);
-        let (mut b0, mut b1, mut b2, mut b3, mut b4, mut b5, mut b6, mut b7) =
-            (zero, zero, zero, zero, zero, zero, zero, zero);
-        let mut c = 0;
-        while c < d_in {
-            fetch_next([r0, r1], c + d_in);
-            // SAFETY: c + LANES <= d_in, which every pointer holds.
-            unsafe {
-                let (w0, w1) = (load(r0.add(c)), load(r1.add(c)));
-                macro_rules! both {
-                    ($x:ident, $a:ident, $b:ident) => {
-                        let x = _mm512_loadu_ps($x.add(c));
-                        $a = _mm512_fmadd_ps(w0, x, $a);
-                        $b = _mm512_fmadd_ps(w1, x, $b);
-                    };
+    /// See [`super::dot4_xk`]: `$k` vectors, four sums each, every sum a variable of its own
+    /// (LLVM kept arrays of them partly on the stack); the first four vectors' sums added up
+    /// as [`dot4_x4`]'s are, the others' as [`dot4_x1`]'s (the same adds in the same order).
+    macro_rules! dot4_many {
+        ($name:ident, $k:literal; $($v:literal => $a0:ident $a1:ident $a2:ident $a3:ident),+) => {
+            #[target_feature(enable = "avx512f")]
+            pub(super) unsafe fn $name<W: Stored>(
+                [r0, r1, r2, r3]: [*const W; 4],
+                xs: [*const f32; $k],
+                d_in: usize,
+            ) -> [[f32; 4]; $k] {
+                let zero = _mm512_setzero_ps();
+                $(let (mut $a0, mut $a1, mut $a2, mut $a3) = (zero, zero, zero, zero);)+
+                let mut c = 0;
+                while c < d_in {
+                    fetch_next([r0, r1, r2, r3], c + d_in);
+                    // SAFETY: c + LANES <= d_in, which every pointer holds.
+                    unsafe {
+                        let (w0, w1, w2, w3) =
+                            (load(r0.add(c)), load(r1.add(c)), load(r2.add(c)), load(r3.add(c)));
+                        $(
+                            let x = _mm512_loadu_ps(xs[$v].add(c));
+                            $a0 = _mm512_fmadd_ps(w0, x, $a0);
+                            $a1 = _mm512_fmadd_ps(w1, x, $a1);
+                            $a2 = _mm512_fmadd_ps(w2, x, $a2);
+                            $a3 = _mm512_fmadd_ps(w3, x, $a3);
+                        )+
+                    }
+                    c += LANES;
                 }
-                both!(x0, a0, b0);
-                both!(x1, a1, b1);
-                both!(x2, a2, b2);
-                both!(x3, a3, b3);
-                both!(x4, a4, b4);
-                both!(x5, a5, b5);
-                both!(x6, a6, b6);
-                both!(x7, a7, b7);
+                let sums = [$([$a0, $a1, $a2, $a3]),+];
+                let mut out = [[0.0f32; 4]; $k];
+                let mut v = 0;
+                if $k >= 4 {
+                    let four = sums16(std::array::from_fn(|i| sums[i / 4][i % 4]));
+                    for (v, out) in out.iter_mut().take(4).enumerate() {
+                        *out = std::array::from_fn(|row| four[4 * v + row]);
+                    }
+                    v = 4;
+                }
+                while v < $k {
+                    out[v] = sums4(sums[v]);
+                    v += 1;
+                }
+                out
             }
-            c += LANES;
-        }
-        let sums = sums16([
-            a0, a1, a2, a3, a4, a5, a6, a7, b0, b1, b2, b3, b4, b5, b6, b7,
-        ]);
-        std::array::from_fn(|v| [sums[v], sums[8 + v]])
+        };
     }
+    dot4_many!(dot4_x2, 2; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3);
+    dot4_many!(dot4_x3, 3; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3, 2 => c0 c1 c2 c3);
+    dot4_many!(dot4_x5, 5; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3, 2 => c0 c1 c2 c3,
+        3 => d0 d1 d2 d3, 4 => e0 e1 e2 e3);
+    dot4_many!(dot4_x6, 6; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3, 2 => c0 c1 c2 c3,
+        3 => d0 d1 d2 d3, 4 => e0 e1 e2 e3, 5 => f0 f1 f2 f3);
+    dot4_many!(dot4_x7, 7; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3, 2 => c0 c1 c2 c3,
+        3 => d0 d1 d2 d3, 4 => e0 e1 e2 e3, 5 => f0 f1 f2 f3, 6 => g0 g1 g2 g3);
 
     /// See [`super::dot4_x1`]: `d_in` (a multiple of LANES) values from each pointer.
     #[target_feature(enable = "avx512f")]
@@ -345,9 +377,14 @@ pub(crate) mod avx512 {
     }
 }
 
-/// Vectors per pass over a bundle's rows in [`matvec_bundles`]: four rows' sums for each of
-/// four vectors are sixteen registers, half of AVX-512's.
+/// Vectors per pass over a bundle's rows in [`matvec_bundles`] below AVX-512: four rows'
+/// sums for each of four vectors are sixteen registers.
 const VECTORS_PER_PASS: usize = 4;
+
+/// Most vectors per pass with AVX-512: four rows' sums for each of seven are 28 of its 32
+/// registers, with the four rows' values beside them. (Eight vectors as two rows at a
+/// time, sixteen sums, measured no faster than two passes of four.)
+const MOST_VECTORS: usize = 7;
 
 /// The body of [`matvec_bundles`] for any weight element.
 #[inline(always)]
@@ -482,7 +519,8 @@ impl Products<'_> {
         }
     }
 
-    /// Rows `rows`, `block`, times every vector.
+    /// Rows `rows`, `block`, times every vector: in passes of at most [`MOST_VECTORS`]
+    /// vectors, as even as can be (ten as five and five, not seven and three).
     #[inline(always)]
     fn four<W: Stored>(&self, block: [&[W]; 4], rows: [usize; 4]) {
         let n = self.xs.len() / self.d_in;
@@ -492,35 +530,17 @@ impl Products<'_> {
             }
             return;
         }
+        let passes = n.div_ceil(MOST_VECTORS);
         let mut b = 0;
-        while n - b >= 8 {
-            // Eight vectors: two rows at a time, sixteen sums (`dot2_x8`).
-            let xs = [0, 1, 2, 3, 4, 5, 6, 7].map(|v| self.x(b + v));
-            for pair in [0, 2] {
-                let sums = dot2_x8([block[pair], block[pair + 1]], xs);
-                for (v, sums) in sums.iter().enumerate() {
-                    self.store(b + v, rows[pair], sums[0]);
-                    self.store(b + v, rows[pair + 1], sums[1]);
+        for pass in 0..passes {
+            let count = (n - b).div_ceil(passes - pass);
+            let xs: [&[f32]; MOST_VECTORS] = std::array::from_fn(|v| self.x(b + v.min(count - 1)));
+            let mut sums = [[0.0f32; 4]; MOST_VECTORS];
+            dot4_xk(block, &xs[..count], &mut sums[..count]);
+            for (v, sums) in sums[..count].iter().enumerate() {
+                for (&j, &value) in rows.iter().zip(sums) {
+                    self.store(b + v, j, value);
                 }
-            }
-            b += 8;
-        }
-        while b < n {
-            let count = (n - b).min(VECTORS_PER_PASS);
-            // The pass's size is a constant in each arm, so its sums stay in registers.
-            let put = |sums: &[[f32; 4]]| {
-                for (v, sums) in sums.iter().enumerate() {
-                    for (&j, &value) in rows.iter().zip(sums) {
-                        self.store(b + v, j, value);
-                    }
-                }
-            };
-            if count == 1 {
-                put(&[dot4_x1(block, self.x(b))]);
-            } else {
-                // A pass of fewer than four vectors repeats its last one.
-                let xs = [0, 1, 2, 3].map(|v| self.x(b + v.min(count - 1)));
-                put(&dot4_x4(block, xs)[..count]);
             }
             b += count;
         }

@@ -317,8 +317,9 @@ mod tests {
     }
 
     /// Each vector of a batch gets, bit for bit, what it gets alone: random values (sums that
-    /// round differently in any other order), batches that fill the kernel's passes of four
-    /// vectors and leave some over, shapes the threads split differently.
+    /// round differently in any other order), every batch up to sixteen (one pass of up to
+    /// seven vectors, or passes of four, or several of either), shapes the threads split
+    /// differently.
     #[test]
     fn batched_vectors_equal_each_alone() {
         let mut next = uniform(0x9e37_79b9_7f4a_7c15);
@@ -327,7 +328,7 @@ mod tests {
                 .map(|_| half::bf16::from_f32(next()))
                 .collect();
             let f32s: Vec<f32> = (0..d_in * d_out).map(|_| next()).collect();
-            for n in [2, 3, 4, 5, 8, 9] {
+            for n in 2..=16 {
                 let xs: Vec<f32> = (0..n * d_in).map(|_| next()).collect();
                 for threads in [1, 2, 3, 5] {
                     let pool = rayon::ThreadPoolBuilder::new()

@@ -5,7 +5,7 @@
 //! independent accumulators), and each public kernel is compiled three times, as built,
 //! with AVX2 and FMA, and with AVX-512, and picks one at run time, so the same binary runs
 //! on any x86-64 and uses 16-wide registers where they exist. One exception: the products
-//! of several vectors at once (`dot4_x4`, `dot2_x8`, a batch of decoded tokens) are written
+//! of several vectors at once (`dot4_x4` and its kin, a batch of decoded tokens) are written
 //! with AVX-512 intrinsics, because LLVM kept their sixteen sums on the stack however the
 //! plain loops were written; their plain versions, the same arithmetic, run elsewhere.
 

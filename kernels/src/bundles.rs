@@ -112,49 +112,20 @@ macro_rules! dot4_vectors {
     }};
 }
 
-/// [`dot4_vectors!`] for four vectors. With AVX-512, through intrinsics: plain Rust for
-/// sixteen sums LLVM kept on the stack, a store and reload per add, however it was
-/// written. The same multiplies and adds in the same order either way (a multiply, then an
-/// add, per lane; the lanes summed in order), so the same bits.
-#[inline(always)]
-fn dot4_x4<W: Stored>(rows: [&[W]; 4], xs: [&[f32]; 4]) -> [[f32; 4]; 4] {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 {
-        let d_in = xs[0].len();
-        assert!(rows.iter().all(|r| r.len() >= d_in) && xs.iter().all(|x| x.len() == d_in));
-        // SAFETY: the AVX-512 tier was just checked; every row and vector holds `d_in`
-        // values.
-        return unsafe { avx512::dot4_x4(rows.map(<[W]>::as_ptr), xs.map(<[f32]>::as_ptr), d_in) };
-    }
-    dot4_vectors!(rows; xs[0] => s0, xs[1] => s1, xs[2] => s2, xs[3] => s3)
-}
-
-/// [`dot4_vectors!`] for one vector. With AVX-512, through intrinsics: LLVM kept the four
-/// sums of plain Rust on the stack, a store and reload per add; and the next rows are
-/// fetched ahead (`avx512::fetch_next`). The same multiplies and adds in the same order
-/// either way.
-#[inline(always)]
-fn dot4_x1<W: Stored>(rows: [&[W]; 4], x: &[f32]) -> [f32; 4] {
-    #[cfg(target_arch = "x86_64")]
-    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 {
-        let d_in = x.len();
-        assert!(rows.iter().all(|r| r.len() >= d_in) && d_in.is_multiple_of(LANES));
-        // SAFETY: the AVX-512 tier was just checked; every row and `x` hold `d_in` values.
-        return unsafe { avx512::dot4_x1(rows.map(<[W]>::as_ptr), x.as_ptr(), d_in) };
-    }
-    dot4_vectors!(rows; x => s0)[0]
-}
-
 /// Four rows' dot products with each of up to [`MOST_VECTORS`] vectors (`out[v]`: the
-/// four sums of `xs[v]`). With AVX-512, in one pass: each load and widening of the weights
-/// serves every vector, so a verify pass of five to seven rows, or a batch of that many
-/// sequences, costs little more than one of four (docs/BENCHMARKS.md). Otherwise four
-/// vectors at a time ([`dot4_x4`], the last pass repeating its last vector) or one.
+/// four sums of `xs[v]`), each as [`dot4_vectors!`] makes it. With AVX-512, in one pass,
+/// through intrinsics (LLVM kept the sums of plain Rust on the stack, a store and reload per
+/// add, however it was written): each load and widening of the weights serves every vector,
+/// so a verify pass of five to seven rows, or a batch of that many sequences, costs little
+/// more than one of four (docs/BENCHMARKS.md). Otherwise four vectors at a time, the last
+/// pass repeating its last vector, or one. The same multiplies and adds in the same order
+/// either way (a multiply, then an add, per lane; the lanes summed in order), so the same
+/// bits.
 #[inline(always)]
 fn dot4_xk<W: Stored>(rows: [&[W]; 4], xs: &[&[f32]], out: &mut [[f32; 4]]) {
     assert!(out.len() == xs.len() && xs.len() <= MOST_VECTORS);
     #[cfg(target_arch = "x86_64")]
-    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 && !matches!(xs.len(), 1 | 4) {
+    if crate::cpu::tier() >= crate::cpu::Tier::Avx512 {
         let d_in = xs[0].len();
         assert!(rows.iter().all(|r| r.len() >= d_in) && xs.iter().all(|x| x.len() == d_in));
         assert!(d_in.is_multiple_of(LANES));
@@ -164,8 +135,10 @@ fn dot4_xk<W: Stored>(rows: [&[W]; 4], xs: &[&[f32]], out: &mut [[f32; 4]]) {
         // values, a multiple of LANES.
         unsafe {
             match xs.len() {
+                1 => out.copy_from_slice(&avx512::dot4_x1(rows, [x(0)], d_in)),
                 2 => out.copy_from_slice(&avx512::dot4_x2(rows, [x(0), x(1)], d_in)),
                 3 => out.copy_from_slice(&avx512::dot4_x3(rows, [x(0), x(1), x(2)], d_in)),
+                4 => out.copy_from_slice(&avx512::dot4_x4(rows, std::array::from_fn(x), d_in)),
                 5 => out.copy_from_slice(&avx512::dot4_x5(rows, std::array::from_fn(x), d_in)),
                 6 => out.copy_from_slice(&avx512::dot4_x6(rows, std::array::from_fn(x), d_in)),
                 _ => out.copy_from_slice(&avx512::dot4_x7(rows, std::array::from_fn(x), d_in)),
@@ -178,11 +151,12 @@ fn dot4_xk<W: Stored>(rows: [&[W]; 4], xs: &[&[f32]], out: &mut [[f32; 4]]) {
         .zip(out.chunks_mut(VECTORS_PER_PASS))
     {
         if let [x] = xs {
-            out[0] = dot4_x1(rows, x);
+            out[0] = dot4_vectors!(rows; x => s0)[0];
             continue;
         }
         // A pass of fewer than four vectors repeats its last one.
-        let four = dot4_x4(rows, std::array::from_fn(|v| xs[v.min(xs.len() - 1)]));
+        let x = |v: usize| xs[v.min(xs.len() - 1)];
+        let four = dot4_vectors!(rows; x(0) => s0, x(1) => s1, x(2) => s2, x(3) => s3);
         out.copy_from_slice(&four[..xs.len()]);
     }
 }
@@ -209,7 +183,7 @@ pub(crate) mod avx512 {
 
     /// See [`super::dot4_xk`]: `$k` vectors, four sums each, every sum a variable of its own
     /// (LLVM kept arrays of them partly on the stack); the first four vectors' sums added up
-    /// as [`dot4_x4`]'s are, the others' as [`dot4_x1`]'s (the same adds in the same order).
+    /// by one [`sums16`], any others by a [`sums4`] each (the same adds in the same order).
     macro_rules! dot4_many {
         ($name:ident, $k:literal; $($v:literal => $a0:ident $a1:ident $a2:ident $a3:ident),+) => {
             #[target_feature(enable = "avx512f")]
@@ -255,39 +229,17 @@ pub(crate) mod avx512 {
             }
         };
     }
+    dot4_many!(dot4_x1, 1; 0 => a0 a1 a2 a3);
     dot4_many!(dot4_x2, 2; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3);
     dot4_many!(dot4_x3, 3; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3, 2 => c0 c1 c2 c3);
+    dot4_many!(dot4_x4, 4; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3, 2 => c0 c1 c2 c3,
+        3 => d0 d1 d2 d3);
     dot4_many!(dot4_x5, 5; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3, 2 => c0 c1 c2 c3,
         3 => d0 d1 d2 d3, 4 => e0 e1 e2 e3);
     dot4_many!(dot4_x6, 6; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3, 2 => c0 c1 c2 c3,
         3 => d0 d1 d2 d3, 4 => e0 e1 e2 e3, 5 => f0 f1 f2 f3);
     dot4_many!(dot4_x7, 7; 0 => a0 a1 a2 a3, 1 => b0 b1 b2 b3, 2 => c0 c1 c2 c3,
         3 => d0 d1 d2 d3, 4 => e0 e1 e2 e3, 5 => f0 f1 f2 f3, 6 => g0 g1 g2 g3);
-
-    /// See [`super::dot4_x1`]: `d_in` (a multiple of LANES) values from each pointer.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn dot4_x1<W: Stored>(
-        [r0, r1, r2, r3]: [*const W; 4],
-        x: *const f32,
-        d_in: usize,
-    ) -> [f32; 4] {
-        let zero = _mm512_setzero_ps();
-        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
-        let mut c = 0;
-        while c < d_in {
-            fetch_next([r0, r1, r2, r3], c + d_in);
-            // SAFETY: c + LANES <= d_in, which every pointer holds.
-            unsafe {
-                let x = _mm512_loadu_ps(x.add(c));
-                a0 = _mm512_fmadd_ps(load(r0.add(c)), x, a0);
-                a1 = _mm512_fmadd_ps(load(r1.add(c)), x, a1);
-                a2 = _mm512_fmadd_ps(load(r2.add(c)), x, a2);
-                a3 = _mm512_fmadd_ps(load(r3.add(c)), x, a3);
-            }
-            c += LANES;
-        }
-        sums4([a0, a1, a2, a3])
-    }
 
     /// Lane `r`: the lanes of `v[r]` summed in order, as `iter().sum()` sums them (as
     /// [`sums16`] does for sixteen): the four registers transposed into sixteen quarters
@@ -330,50 +282,6 @@ pub(crate) mod avx512 {
         // SAFETY: `sums` holds four f32.
         unsafe { _mm_storeu_ps(sums.as_mut_ptr(), sum) };
         sums
-    }
-
-    /// See [`super::dot4_x4`]: `d_in` (a multiple of LANES) values from each pointer.
-    #[target_feature(enable = "avx512f")]
-    pub(super) unsafe fn dot4_x4<W: Stored>(
-        [r0, r1, r2, r3]: [*const W; 4],
-        [x0, x1, x2, x3]: [*const f32; 4],
-        d_in: usize,
-    ) -> [[f32; 4]; 4] {
-        let zero = _mm512_setzero_ps();
-        let (mut a0, mut a1, mut a2, mut a3) = (zero, zero, zero, zero);
-        let (mut b0, mut b1, mut b2, mut b3) = (zero, zero, zero, zero);
-        let (mut c0, mut c1, mut c2, mut c3) = (zero, zero, zero, zero);
-        let (mut d0, mut d1, mut d2, mut d3) = (zero, zero, zero, zero);
-        let mut c = 0;
-        while c < d_in {
-            fetch_next([r0, r1, r2, r3], c + d_in);
-            // SAFETY: c + LANES <= d_in, which every pointer holds.
-            unsafe {
-                let w = [r0, r1, r2, r3].map(|r| load(r.add(c)));
-                let x = [x0, x1, x2, x3].map(|x| _mm512_loadu_ps(x.add(c)));
-                a0 = _mm512_fmadd_ps(w[0], x[0], a0);
-                a1 = _mm512_fmadd_ps(w[1], x[0], a1);
-                a2 = _mm512_fmadd_ps(w[2], x[0], a2);
-                a3 = _mm512_fmadd_ps(w[3], x[0], a3);
-                b0 = _mm512_fmadd_ps(w[0], x[1], b0);
-                b1 = _mm512_fmadd_ps(w[1], x[1], b1);
-                b2 = _mm512_fmadd_ps(w[2], x[1], b2);
-                b3 = _mm512_fmadd_ps(w[3], x[1], b3);
-                c0 = _mm512_fmadd_ps(w[0], x[2], c0);
-                c1 = _mm512_fmadd_ps(w[1], x[2], c1);
-                c2 = _mm512_fmadd_ps(w[2], x[2], c2);
-                c3 = _mm512_fmadd_ps(w[3], x[2], c3);
-                d0 = _mm512_fmadd_ps(w[0], x[3], d0);
-                d1 = _mm512_fmadd_ps(w[1], x[3], d1);
-                d2 = _mm512_fmadd_ps(w[2], x[3], d2);
-                d3 = _mm512_fmadd_ps(w[3], x[3], d3);
-            }
-            c += LANES;
-        }
-        let sums = sums16([
-            a0, a1, a2, a3, b0, b1, b2, b3, c0, c1, c2, c3, d0, d1, d2, d3,
-        ]);
-        std::array::from_fn(|v| std::array::from_fn(|row| sums[4 * v + row]))
     }
 }
 

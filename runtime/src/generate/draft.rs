@@ -17,7 +17,7 @@
 //! [`Llama::decode_rows`]: crate::model::llama::Llama::decode_rows
 
 use super::sampling::argmax;
-use super::{GenerateError, Generator};
+use super::{GenerateError, Generator, WantedLogits};
 use crate::model::backend::KernelBackend;
 use crate::model::cache::KvCache;
 
@@ -62,13 +62,16 @@ const AVERAGE_WEIGHT: f32 = 0.25;
 /// up to [`LONGEST_PAUSE`].
 const FIRST_PAUSE: usize = 16;
 const LONGEST_PAUSE: usize = 512;
+/// Most tokens a draft model runs through the decoding kernels before drafting
+/// ([`from_model`]); more go through the prompt path.
+const CATCH_UP_ROWS: usize = 4;
 
 /// A sequence's drafter and how well its drafts have done: the draft's length adapts to
 /// what is accepted, and drafting pauses itself while it does not pay. A draft model's
 /// drafts cost time of their own: once they are timed, the length is the one that makes
-/// the most tokens a second, given the chance that a drafted token is kept and what a
-/// drafted token costs beside a step, and drafting pauses where no length beats plain
-/// decoding.
+/// the most tokens a second, given the chance that a drafted token is kept, what a
+/// drafted token costs, and what each row adds to a verify pass, and drafting pauses where
+/// no length beats plain decoding.
 #[derive(Debug, Clone)]
 pub struct Drafter {
     pub kind: Draft,
@@ -85,10 +88,12 @@ pub struct Drafter {
     /// a drafted token is kept with the chance `kept / (kept + rejected)`.
     kept: f32,
     rejected: f32,
-    /// Seconds a drafted token took to draft, and a step (a verify pass) took (moving
-    /// averages; 0 until timed).
+    /// Seconds a drafted token took to draft (a moving average; 0 until timed).
     draft_seconds: f32,
-    step_seconds: f32,
+    /// How a step's time (its verify pass) grows with the rows in it.
+    passes: PassTimes,
+    /// Rows of other sequences in the last pass (a batch's).
+    others: usize,
     /// Tokens drafted and accepted in all (for `/metrics` and the bench).
     pub drafted_total: usize,
     pub accepted_total: usize,
@@ -107,7 +112,8 @@ impl Drafter {
             kept: 1.0,
             rejected: 0.0,
             draft_seconds: 0.0,
-            step_seconds: 0.0,
+            passes: PassTimes::default(),
+            others: 0,
             drafted_total: 0,
             accepted_total: 0,
         }
@@ -148,10 +154,13 @@ impl Drafter {
         self.kept += AVERAGE_WEIGHT * (accepted as f32 - self.kept);
         let rejected = f32::from(u8::from(accepted < drafted));
         self.rejected += AVERAGE_WEIGHT * (rejected - self.rejected);
-        let pays = match self.cost() {
-            Some(cost) => {
+        let timed = self.passes.fit().filter(|_| self.draft_seconds > 0.0);
+        let pays = match timed {
+            Some(pass) => {
                 let chance = self.kept / (self.kept + self.rejected);
-                let (length, speedup) = best_length(chance, cost, MAX_DRAFT);
+                let rows = self.others + 1;
+                let (length, speedup) =
+                    best_length(chance, self.draft_seconds, pass, rows, MAX_DRAFT);
                 self.length = length;
                 speedup > 1.0
             }
@@ -175,16 +184,11 @@ impl Drafter {
         }
     }
 
-    /// Learns that a step of the sequence (its verify pass, with whatever else ran in it)
-    /// took `seconds`.
-    pub fn step_took(&mut self, seconds: f32) {
-        average(&mut self.step_seconds, seconds);
-    }
-
-    /// A drafted token's time over a step's, once both are timed.
-    fn cost(&self) -> Option<f32> {
-        (self.draft_seconds > 0.0 && self.step_seconds > 0.0)
-            .then(|| self.draft_seconds / self.step_seconds)
+    /// Learns that a step of the sequence, its verify pass of `own` rows in a pass of
+    /// `rows` in all (a batch's), took `seconds`.
+    pub fn step_took(&mut self, rows: usize, own: usize, seconds: f32) {
+        self.passes.add(rows, seconds);
+        self.others = rows.saturating_sub(own);
     }
 }
 
@@ -196,19 +200,92 @@ fn average(mean: &mut f32, sample: f32) {
     };
 }
 
+/// Weight of the newest pass in [`PassTimes`]' averages: a line through passes of varied
+/// lengths needs more of them than a mean.
+const PASS_WEIGHT: f32 = 0.1;
+
+/// A pass's time against its rows, as a straight line through the recent passes (least
+/// squares over moving averages): a verify pass of more rows costs more, by an amount
+/// that depends on the host, the model and the weights' format, so it is measured, not
+/// assumed.
+#[derive(Debug, Clone, Copy, Default)]
+struct PassTimes {
+    /// Moving averages of rows, seconds, rows squared and rows times seconds; `seen`
+    /// passes so far.
+    rows: f32,
+    seconds: f32,
+    rows_squared: f32,
+    rows_seconds: f32,
+    seen: usize,
+}
+
+/// A pass's time as `base + per_row * rows`.
+#[derive(Debug, Clone, Copy)]
+struct PassLine {
+    base: f32,
+    per_row: f32,
+}
+
+impl PassLine {
+    fn seconds(&self, rows: usize) -> f32 {
+        self.base + self.per_row * rows as f32
+    }
+}
+
+impl PassTimes {
+    fn add(&mut self, rows: usize, seconds: f32) {
+        let r = rows as f32;
+        let weight = if self.seen == 0 { 1.0 } else { PASS_WEIGHT };
+        for (mean, sample) in [
+            (&mut self.rows, r),
+            (&mut self.seconds, seconds),
+            (&mut self.rows_squared, r * r),
+            (&mut self.rows_seconds, r * seconds),
+        ] {
+            *mean += weight * (sample - *mean);
+        }
+        self.seen += 1;
+    }
+
+    /// The line, once passes were timed. While they all had the same rows, a row adds
+    /// nothing (a longer draft is then tried, and timed); a fit that says more rows cost
+    /// less is taken as flat.
+    fn fit(&self) -> Option<PassLine> {
+        if self.seen == 0 {
+            return None;
+        }
+        let spread = self.rows_squared - self.rows * self.rows;
+        let per_row = match spread > 1e-3 {
+            true => ((self.rows_seconds - self.rows * self.seconds) / spread).max(0.0),
+            false => 0.0,
+        };
+        let base = (self.seconds - per_row * self.rows).max(f32::MIN_POSITIVE);
+        Some(PassLine { base, per_row })
+    }
+}
+
 /// The draft length up to `limit` that makes the most tokens a second, and how many times
 /// plain decoding's that is, when each drafted token is kept with the chance `chance`
-/// (while the ones before it were) and costs `cost` steps to draft: a step with `k`
-/// drafted tokens makes `1 + chance + ... + chance^k` tokens in `1 + k * cost` steps'
-/// time. (A verify pass's extra rows are counted in the step's measured time.)
-fn best_length(chance: f32, cost: f32, limit: usize) -> (usize, f32) {
+/// (while the ones before it were) and takes `draft_seconds` to draft, and a pass takes
+/// `pass` of its rows: the sequence's one row among `rows` (a batch's) makes a token in
+/// `pass.seconds(rows)`; with `k` drafted tokens, `1 + chance + ... + chance^k` tokens in
+/// `k * draft_seconds + pass.seconds(rows + k)`.
+fn best_length(
+    chance: f32,
+    draft_seconds: f32,
+    pass: PassLine,
+    rows: usize,
+    limit: usize,
+) -> (usize, f32) {
+    let plain = pass.seconds(rows);
     let mut made = 1.0;
     let mut kept = 1.0;
     let mut best = (1, 0.0);
     for k in 1..=limit.max(1) {
         kept *= chance;
         made += kept;
-        let speedup = made / (1.0 + k as f32 * cost);
+        let seconds = k as f32 * draft_seconds + pass.seconds(rows + k);
+        let speedup = made * plain / seconds;
         if speedup > best.1 {
             best = (k, speedup);
         }
@@ -226,15 +303,42 @@ pub fn ngram(history: &[u32], wanted: usize) -> Vec<u32> {
         .map_or_else(Vec::new, <[u32]>::to_vec)
 }
 
+/// Runs `model` over the tokens of `history` that its cache `cache` lacks, all but the
+/// last, as a prompt: what a draft model does after the prompt (with the target's
+/// prefill), and after a pause let tokens by. The last is left for [`from_model`].
+pub fn catch_up<B: KernelBackend>(
+    model: &Generator<B>,
+    cache: &mut KvCache<B>,
+    history: &[u32],
+) -> Result<(), GenerateError> {
+    let end = history.len().saturating_sub(1);
+    if end > cache.len() {
+        model.forward_logits_wanted(&history[cache.len()..end], cache, WantedLogits::None)?;
+    }
+    Ok(())
+}
+
 /// `wanted` tokens drafted by `model`, greedily, after `history`, its KV cache `cache`
 /// holding the model's run of `history`'s first tokens (at least one is not yet in it).
+///
+/// Between two drafts the model is one or two tokens behind (the pick after what was kept,
+/// and the last drafted token if all were kept): they go through the decoding kernels in
+/// one pass, as a verify pass does, since the prompt path's set-up costs several steps of
+/// a small model. More (when not [`catch_up`] first) take the prompt path.
 pub fn from_model<B: KernelBackend>(
     model: &Generator<B>,
     cache: &mut KvCache<B>,
     history: &[u32],
     wanted: usize,
 ) -> Result<Vec<u32>, GenerateError> {
-    let mut logits = model.forward_logits(&history[cache.len()..], cache, false)?;
+    let behind = &history[cache.len()..];
+    let mut logits = if behind.len() <= B::DECODE_BATCH.min(CATCH_UP_ROWS) {
+        let mut rows = model.decode_rows(behind, &mut [&mut *cache], &[behind.len()])?;
+        rows.drain(..rows.len() - model.config.vocab_size);
+        rows
+    } else {
+        model.forward_logits(behind, cache, false)?
+    };
     let mut drafted = Vec::with_capacity(wanted);
     loop {
         let token = argmax(&logits);
@@ -284,19 +388,38 @@ mod tests {
 
     #[test]
     fn a_timed_draft_model_drafts_the_length_that_pays_most_or_pauses() {
+        // Passes of 10 ms whatever their rows.
+        let flat = PassLine {
+            base: 0.010,
+            per_row: 0.0,
+        };
         // Free drafts that are always kept: as long as allowed.
-        assert_eq!(best_length(1.0, 0.0, 12), (12, 13.0));
-        // Each kept with 0.7, costing 0.1 steps: 1.7 / 1.1 = 1.545..., 2.19 / 1.2 = 1.825,
-        // ... the best at 4 (2.7731 / 1.4 = 1.98).
-        let (length, speedup) = best_length(0.7, 0.1, 12);
+        let (length, speedup) = best_length(1.0, 0.0, flat, 1, 12);
+        assert_eq!(length, 12);
+        assert!((speedup - 13.0).abs() < 1e-4, "{speedup}");
+        // Each kept with 0.7, costing a tenth of a pass: 1.7 / 1.1 = 1.545..., 2.19 / 1.2 =
+        // 1.825, ... the best at 4 (2.7731 / 1.4 = 1.98).
+        let (length, speedup) = best_length(0.7, 0.001, flat, 1, 12);
         assert_eq!(length, 4);
         assert!((speedup - 2.7731 / 1.4).abs() < 1e-4, "{speedup}");
-        // Half a step a token at 0.7: one token (1.7 / 1.5) and little gain; at 0.4, none.
-        assert_eq!(best_length(0.7, 0.5, 12).0, 1);
-        assert!(best_length(0.4, 0.5, 12).1 < 1.0);
+        // Half a pass a token at 0.7: one token (1.7 / 1.5) and little gain; at 0.4, none.
+        assert_eq!(best_length(0.7, 0.005, flat, 1, 12).0, 1);
+        assert!(best_length(0.4, 0.005, flat, 1, 12).1 < 1.0);
+        // Free drafts kept with 0.9, but each row adds half of a one-row pass (10 + 5 ms):
+        // k tokens make 1 + 0.9 + ... + 0.9^k in 15 + 5k ms, the most at 5 (4.6856 / 4 x
+        // 1.5 = 1.7571; 4: 4.0951 / 3.5 x 1.5 = 1.7550).
+        let steep = PassLine {
+            base: 0.010,
+            per_row: 0.005,
+        };
+        let (length, speedup) = best_length(0.9, 0.0, steep, 1, 12);
+        assert_eq!(length, 5);
+        assert!((speedup - 1.7571).abs() < 1e-3, "{speedup}");
+        // In a batch whose other rows make the pass long, a row weighs less: longer drafts.
+        assert!(best_length(0.9, 0.0, steep, 8, 12).0 > 5);
 
         let mut drafter = Drafter::new(Draft::Model);
-        drafter.step_took(0.010);
+        drafter.step_took(1, 1, 0.010);
         drafter.drafting_took(4, 0.002);
         // Kept every time: 0.5 ms a token against 10 ms a step, the longest draft.
         drafter.learn(4, 4);
@@ -309,6 +432,33 @@ mod tests {
             drafter.learn(2, 1);
         }
         assert!(drafter.paused > 0, "{drafter:?}");
+    }
+
+    #[test]
+    fn pass_times_fit_a_line_through_passes_of_varied_rows() {
+        let mut passes = PassTimes::default();
+        assert!(passes.fit().is_none());
+        // Passes of one row only: a row is taken to add nothing.
+        for _ in 0..5 {
+            passes.add(1, 0.010);
+        }
+        let line = passes.fit().expect("timed");
+        assert_eq!(line.per_row, 0.0);
+        assert!((line.seconds(1) - 0.010).abs() < 1e-6);
+        // 9 ms and 1 ms a row: one-row and five-row passes in turn.
+        for _ in 0..100 {
+            passes.add(1, 0.010);
+            passes.add(5, 0.014);
+        }
+        let line = passes.fit().expect("timed");
+        assert!((line.per_row - 0.001).abs() < 1e-5, "{line:?}");
+        assert!((line.base - 0.009).abs() < 1e-4, "{line:?}");
+        // Longer passes that took less time (noise) do not make rows free of charge.
+        for _ in 0..100 {
+            passes.add(1, 0.020);
+            passes.add(5, 0.010);
+        }
+        assert_eq!(passes.fit().expect("timed").per_row, 0.0);
     }
 
     #[test]

@@ -494,6 +494,7 @@ impl<B: KernelBackend> Generator<B> {
             return Ok(false);
         }
         s.logits = self.forward_logits_wanted(ids, &mut s.cache, WantedLogits::Last)?;
+        s.prefill_draft(self.draft_model.as_deref());
         Ok(true)
     }
 
@@ -656,7 +657,9 @@ impl<B: KernelBackend> Generator<B> {
                     let mut rest = logits.as_slice();
                     for (i, _, drafted) in &running {
                         let s = &mut sequences[*i];
-                        (s.drafter.iter_mut()).for_each(|drafter| drafter.step_took(seconds));
+                        let own = 1 + drafted.len();
+                        (s.drafter.iter_mut())
+                            .for_each(|drafter| drafter.step_took(ids.len(), own, seconds));
                         // This sequence's rows, whichever of them its check reads.
                         let (rows, after) = rest.split_at((1 + drafted.len()) * vocab_size);
                         rest = after;

@@ -2,7 +2,7 @@
 
 use std::time::{Duration, Instant};
 
-use super::draft::{Draft, Drafter, from_model, ngram};
+use super::draft::{Draft, Drafter, catch_up, from_model, ngram};
 use super::stop::StopText;
 use super::{GenerateError, Generation, Generator, StopReason, Timings};
 use crate::generate::sampling::{Sampler, TokenLogprob};
@@ -112,11 +112,36 @@ impl<B: KernelBackend> Sequence<'_, B> {
                     Some(cache) => cache,
                     None => self.draft_cache.insert(model.new_cache(self.capacity)?),
                 };
+                // What a pause let by is a cost of resuming, paid once: not a drafted
+                // token's, which sets the draft's length.
+                catch_up(model, cache, &self.history)?;
                 let started = Instant::now();
                 let drafted = from_model(model, cache, &self.history, wanted)?;
                 drafter.drafting_took(drafted.len(), started.elapsed().as_secs_f32());
                 Ok(drafted)
             }
+        }
+    }
+
+    /// Runs the prompt through the draft model, if the sequence drafts with one, as its
+    /// own prompt is run: its time is the prompt's, not decoding's. A draft model that
+    /// fails leaves the sequence to decode plainly.
+    pub(super) fn prefill_draft(&mut self, model: Option<&Generator<B>>) {
+        let (Some(drafter), Some(model)) = (&self.drafter, model) else {
+            return;
+        };
+        if drafter.kind != Draft::Model {
+            return;
+        }
+        let mut prefill = || {
+            let cache = match &mut self.draft_cache {
+                Some(cache) => cache,
+                None => self.draft_cache.insert(model.new_cache(self.capacity)?),
+            };
+            catch_up(model, cache, &self.history)
+        };
+        if prefill().is_err() {
+            self.stop_drafting();
         }
     }
 

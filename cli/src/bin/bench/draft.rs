@@ -78,10 +78,12 @@ pub fn measure<B: KernelBackend>(cli: &Cli, kind: &str) -> Result<Vec<DraftSampl
         let prompt = tokenizer.encode_chat(None, message)?;
         let mut plain_tokens = None;
         for drafted in [false, true] {
-            let mut sequence = generator.start(&tokenizer, &prompt, options.clone())?;
+            let mut sequence = generator.admit(&tokenizer, None, &prompt, options.clone())?;
             if drafted {
                 sequence.start_drafting(draft);
             }
+            // A draft model runs the prompt with the model, as a server's sequence does.
+            generator.prefill(&mut sequence, usize::MAX)?;
             while generator.step(&mut sequence, &mut |_| {})?.is_none() {}
             let (proposed, kept) = sequence.drafted();
             let tokens = sequence.tokens().to_vec();

@@ -215,6 +215,25 @@ bench-draft *args: build llamacpp-ggufs
     {{bin}}/bench --draft ngram --python target/llamacpp/venv/bin/python \
         --gguf target/llamacpp/bf16.gguf {{args}}
 
+# SmolLM2 (q4_0, q8_0) drafting for SmolLM2 written into Llama 3.2 1B's widths
+# (scripts/widen_checkpoint.py; 12 GB under target/bench-wide), then SmolLM2's q4_0 copy
+# for its own bf16 weights.
+# Draft models, beside a model several times their cost: just bench-draft-model --runs 1
+bench-draft-model *args: build
+    #!/usr/bin/env bash
+    set -euo pipefail
+    dir=target/bench-wide
+    if [ ! -f "$dir/artifact/manifest.json" ]; then
+        python3 scripts/widen_checkpoint.py models/smollm2-135m-instruct "$dir/checkpoint"
+        {{bin}}/converter convert "$dir/checkpoint" "$dir/artifact"
+        rm -rf "$dir/checkpoint"
+    fi
+    for weights in q4_0 q8_0; do
+        {{bin}}/bench --artifacts "$dir/artifact" --draft artifacts/smollm2-135m-instruct \
+            --draft-weights $weights {{args}}
+    done
+    {{bin}}/bench --draft artifacts/smollm2-135m-instruct --draft-weights q4_0 {{args}}
+
 bench-serving *args: build
     {{bin}}/bench --backends flex --streams 1,2,4,8 --python target/llamacpp/venv/bin/python \
         --gguf target/llamacpp/bf16.gguf,target/llamacpp/f32.gguf {{args}}

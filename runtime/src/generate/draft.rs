@@ -303,19 +303,25 @@ pub fn ngram(history: &[u32], wanted: usize) -> Vec<u32> {
         .map_or_else(Vec::new, <[u32]>::to_vec)
 }
 
-/// Runs `model` over the tokens of `history` that its cache `cache` lacks, all but the
-/// last, as a prompt: what a draft model does after the prompt (with the target's
-/// prefill), and after a pause let tokens by. The last is left for [`from_model`].
+/// Runs `model` over the tokens of `history` that its cache `cache` lacks, if they are more
+/// than [`from_model`] runs through the decoding kernels, all but the last, as a prompt:
+/// what a draft model does after the prompt (with the model's prefill), and after a pause
+/// let tokens by. The last is left for [`from_model`].
 pub fn catch_up<B: KernelBackend>(
     model: &Generator<B>,
     cache: &mut KvCache<B>,
     history: &[u32],
 ) -> Result<(), GenerateError> {
-    let end = history.len().saturating_sub(1);
-    if end > cache.len() {
-        model.forward_logits_wanted(&history[cache.len()..end], cache, WantedLogits::None)?;
+    let (done, end) = (cache.len(), history.len().saturating_sub(1));
+    if history.len().saturating_sub(done) > catch_up_rows::<B>() {
+        model.forward_logits_wanted(&history[done..end], cache, WantedLogits::None)?;
     }
     Ok(())
+}
+
+/// Most tokens a draft model runs before drafting in one pass of the decoding kernels.
+fn catch_up_rows<B: KernelBackend>() -> usize {
+    B::DECODE_BATCH.min(CATCH_UP_ROWS)
 }
 
 /// `wanted` tokens drafted by `model`, greedily, after `history`, its KV cache `cache`
@@ -332,7 +338,7 @@ pub fn from_model<B: KernelBackend>(
     wanted: usize,
 ) -> Result<Vec<u32>, GenerateError> {
     let behind = &history[cache.len()..];
-    let mut logits = if behind.len() <= B::DECODE_BATCH.min(CATCH_UP_ROWS) {
+    let mut logits = if behind.len() <= catch_up_rows::<B>() {
         let mut rows = model.decode_rows(behind, &mut [&mut *cache], &[behind.len()])?;
         rows.drain(..rows.len() - model.config.vocab_size);
         rows

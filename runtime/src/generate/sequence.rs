@@ -108,10 +108,7 @@ impl<B: KernelBackend> Sequence<'_, B> {
             (Draft::Ngram, _) => Ok(ngram(&self.history, wanted)),
             (Draft::Model, None) => Ok(Vec::new()),
             (Draft::Model, Some(model)) => {
-                let cache = match &mut self.draft_cache {
-                    Some(cache) => cache,
-                    None => self.draft_cache.insert(model.new_cache(self.capacity)?),
-                };
+                let cache = draft_cache(&mut self.draft_cache, model, self.capacity)?;
                 // What a pause let by is a cost of resuming, paid once: not a drafted
                 // token's, which sets the draft's length.
                 catch_up(model, cache, &self.history)?;
@@ -133,14 +130,9 @@ impl<B: KernelBackend> Sequence<'_, B> {
         if drafter.kind != Draft::Model {
             return;
         }
-        let mut prefill = || {
-            let cache = match &mut self.draft_cache {
-                Some(cache) => cache,
-                None => self.draft_cache.insert(model.new_cache(self.capacity)?),
-            };
-            catch_up(model, cache, &self.history)
-        };
-        if prefill().is_err() {
+        let prefilled = draft_cache(&mut self.draft_cache, model, self.capacity)
+            .and_then(|cache| catch_up(model, cache, &self.history));
+        if prefilled.is_err() {
             self.stop_drafting();
         }
     }
@@ -290,4 +282,17 @@ impl Picker<'_> {
         masked?;
         Ok(Picked { next, raw })
     }
+}
+
+/// A sequence's KV cache for the draft model, made for `capacity` positions when first
+/// needed.
+fn draft_cache<'c, B: KernelBackend>(
+    cache: &'c mut Option<KvCache<B>>,
+    model: &Generator<B>,
+    capacity: usize,
+) -> Result<&'c mut KvCache<B>, GenerateError> {
+    Ok(match cache {
+        Some(cache) => cache,
+        None => cache.insert(model.new_cache(capacity)?),
+    })
 }

@@ -68,44 +68,28 @@ def main():
     small = read_safetensors(os.path.join(a.small, "model.safetensors"))
 
     def widened(name, t):
-        if name.endswith("norm.weight"):
-            out = np.zeros(a.hidden, np.uint16)
-            out[:h] = bf16_scaled(t, norm_scale)
-            return out
-        if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
-            out = np.zeros((t.shape[0], a.hidden), np.uint16)
-            out[:, :h] = t
-            return out
+        out = np.zeros(shape_of(name, t.shape, a, dim), np.uint16)
         kind = name.split(".")[-2]
-        if kind == "q_proj":
-            out = np.zeros((a.hidden, a.hidden), np.uint16)
+        if name.endswith("norm.weight"):
+            out[:h] = bf16_scaled(t, norm_scale)
+        elif kind in ("q_proj", "o_proj"):
             for q, w in enumerate(head_to):
-                out[w * dim:(w + 1) * dim, :h] = t[q * dim:(q + 1) * dim]
-            return out
-        if kind in ("k_proj", "v_proj"):
-            out = np.zeros((a.kv_heads * dim, a.hidden), np.uint16)
-            out[:kv * dim, :h] = t
-            return out
-        if kind == "o_proj":
-            out = np.zeros((a.hidden, a.hidden), np.uint16)
-            for q, w in enumerate(head_to):
-                out[:h, w * dim:(w + 1) * dim] = t[:, q * dim:(q + 1) * dim]
-            return out
-        if kind in ("gate_proj", "up_proj"):
-            out = np.zeros((a.intermediate, a.hidden), np.uint16)
-            out[:inter, :h] = t
-            return out
-        if kind == "down_proj":
-            out = np.zeros((a.hidden, a.intermediate), np.uint16)
-            out[:h, :inter] = t
-            return out
-        raise SystemExit(f"{name}: not a Llama tensor this script knows")
+                small_head = slice(q * dim, (q + 1) * dim)
+                wide_head = slice(w * dim, (w + 1) * dim)
+                if kind == "q_proj":
+                    out[wide_head, :h] = t[small_head]
+                else:
+                    out[:h, wide_head] = t[:, small_head]
+        else:
+            # Embeddings, k and v (whose heads keep their places), the MLP: the corner.
+            out[tuple(slice(0, n) for n in t.shape)] = t
+        return out
 
     # Shapes first (the header), then each tensor written as it is made.
     names = sorted(small)
     header, offset = {}, 0
     for name in names:
-        shape = shape_of(name, small[name].shape, a, h, inter, kv, dim)
+        shape = shape_of(name, small[name].shape, a, dim)
         size = 2 * int(np.prod(shape))
         header[name] = {"dtype": "BF16", "shape": list(shape),
                         "data_offsets": [offset, offset + size]}
@@ -117,9 +101,7 @@ def main():
         f.write(struct.pack("<Q", len(blob)))
         f.write(blob)
         for name in names:
-            t = widened(name, small[name])
-            assert list(t.shape) == header[name]["shape"], name
-            f.write(np.ascontiguousarray(t).tobytes())
+            f.write(widened(name, small[name]).tobytes())
     config.update(hidden_size=a.hidden, intermediate_size=a.intermediate,
                   num_attention_heads=a.heads, num_key_value_heads=a.kv_heads,
                   head_dim=dim, rms_norm_eps=config["rms_norm_eps"] * h / a.hidden)
@@ -131,13 +113,13 @@ def main():
     print(f"wrote {a.out}: {offset / 1e9:.2f} GB of bf16, {offset // 2 / 1e9:.2f}B parameters")
 
 
-def shape_of(name, shape, a, h, inter, kv, dim):
+def shape_of(name, shape, a, dim):
+    """The wide shape of the small model's tensor `name` (of `shape`)."""
     if name.endswith("norm.weight"):
         return (a.hidden,)
     if name.endswith("embed_tokens.weight") or name == "lm_head.weight":
         return (shape[0], a.hidden)
-    kind = name.split(".")[-2]
-    return {
+    shapes = {
         "q_proj": (a.hidden, a.hidden),
         "k_proj": (a.kv_heads * dim, a.hidden),
         "v_proj": (a.kv_heads * dim, a.hidden),
@@ -145,7 +127,11 @@ def shape_of(name, shape, a, h, inter, kv, dim):
         "gate_proj": (a.intermediate, a.hidden),
         "up_proj": (a.intermediate, a.hidden),
         "down_proj": (a.hidden, a.intermediate),
-    }[kind]
+    }
+    kind = name.split(".")[-2]
+    if kind not in shapes:
+        raise SystemExit(f"{name}: not a Llama tensor this script knows")
+    return shapes[kind]
 
 
 if __name__ == "__main__":

@@ -63,7 +63,7 @@ const AVERAGE_WEIGHT: f32 = 0.25;
 const FIRST_PAUSE: usize = 16;
 const LONGEST_PAUSE: usize = 512;
 /// Most tokens a draft model runs through the decoding kernels before drafting
-/// ([`from_model`]); more go through the prompt path.
+/// ([`from_model`]); more go through the prompt path first ([`catch_up`]).
 const CATCH_UP_ROWS: usize = 4;
 
 /// A sequence's drafter and how well its drafts have done: the draft's length adapts to
@@ -304,33 +304,29 @@ pub fn ngram(history: &[u32], wanted: usize) -> Vec<u32> {
 }
 
 /// Runs `model` over the tokens of `history` that its cache `cache` lacks, if they are more
-/// than [`from_model`] runs through the decoding kernels, all but the last, as a prompt:
-/// what a draft model does after the prompt (with the model's prefill), and after a pause
-/// let tokens by. The last is left for [`from_model`].
+/// than one pass of the decoding kernels takes ([`CATCH_UP_ROWS`], at most the backend's
+/// batch), all but the last, as a prompt: what a draft model does after the prompt (with
+/// the model's prefill), and after a pause let tokens by. The last is left for
+/// [`from_model`].
 pub fn catch_up<B: KernelBackend>(
     model: &Generator<B>,
     cache: &mut KvCache<B>,
     history: &[u32],
 ) -> Result<(), GenerateError> {
     let (done, end) = (cache.len(), history.len().saturating_sub(1));
-    if history.len().saturating_sub(done) > catch_up_rows::<B>() {
+    if history.len().saturating_sub(done) > B::DECODE_BATCH.min(CATCH_UP_ROWS) {
         model.forward_logits_wanted(&history[done..end], cache, WantedLogits::None)?;
     }
     Ok(())
 }
 
-/// Most tokens a draft model runs before drafting in one pass of the decoding kernels.
-fn catch_up_rows<B: KernelBackend>() -> usize {
-    B::DECODE_BATCH.min(CATCH_UP_ROWS)
-}
-
 /// `wanted` tokens drafted by `model`, greedily, after `history`, its KV cache `cache`
 /// holding the model's run of `history`'s first tokens (at least one is not yet in it).
 ///
-/// Between two drafts the model is one or two tokens behind (the pick after what was kept,
-/// and the last drafted token if all were kept): they go through the decoding kernels in
-/// one pass, as a verify pass does, since the prompt path's set-up costs several steps of
-/// a small model. More (when not [`catch_up`] first) take the prompt path.
+/// The tokens it lacks go through the decoding kernels in one pass, as a verify pass does:
+/// between two drafts, one or two (the pick after what was kept, and the last drafted token
+/// if all were kept), since the prompt path's set-up costs several steps of a small model;
+/// more only a few, once [`catch_up`] has run the rest.
 pub fn from_model<B: KernelBackend>(
     model: &Generator<B>,
     cache: &mut KvCache<B>,
@@ -338,13 +334,9 @@ pub fn from_model<B: KernelBackend>(
     wanted: usize,
 ) -> Result<Vec<u32>, GenerateError> {
     let behind = &history[cache.len()..];
-    let mut logits = if behind.len() <= catch_up_rows::<B>() {
-        let mut rows = model.decode_rows(behind, &mut [&mut *cache], &[behind.len()])?;
-        rows.drain(..rows.len() - model.config.vocab_size);
-        rows
-    } else {
-        model.forward_logits(behind, cache, false)?
-    };
+    let mut logits = model.decode_rows(behind, &mut [&mut *cache], &[behind.len()])?;
+    // The last row's: what follows the history.
+    logits.drain(..logits.len() - model.config.vocab_size);
     let mut drafted = Vec::with_capacity(wanted);
     loop {
         let token = argmax(&logits);
@@ -459,7 +451,7 @@ mod tests {
         let line = passes.fit().expect("timed");
         assert!((line.per_row - 0.001).abs() < 1e-5, "{line:?}");
         assert!((line.base - 0.009).abs() < 1e-4, "{line:?}");
-        // Longer passes that took less time (noise) do not make rows free of charge.
+        // Longer passes that took less time (noise) give no discount for rows: flat.
         for _ in 0..100 {
             passes.add(1, 0.020);
             passes.add(5, 0.010);

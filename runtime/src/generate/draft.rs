@@ -58,38 +58,51 @@ const FIRST_DRAFT: usize = 4;
 const PAYS_OFF: f32 = 0.5;
 /// Weight of the newest draft in that average.
 const AVERAGE_WEIGHT: f32 = 0.25;
+/// A draft model's timed steps before it may pause: one rejected draft is no trend.
+const TIMED_STEPS: usize = 4;
 /// Steps drafting is paused for the first time it does not pay; doubled each time after,
 /// up to [`LONGEST_PAUSE`].
 const FIRST_PAUSE: usize = 16;
 const LONGEST_PAUSE: usize = 512;
+/// How sure a draft model must be of a drafted token (the chance it gives it) to draft
+/// the next one after it. Every token it computes is proposed, since its pass is paid
+/// for and checking it adds only a row to the verify pass; going on past it costs another
+/// pass, worth it only if the token is likely kept. (llama.cpp's drafts end at the first
+/// token under its `--draft-p-min`, 0.75 by default in common/speculative.h, leaving that
+/// token out.)
+const SURE: f32 = 0.75;
+/// Logits this far below the largest are left out of [`sure`]'s sum: each adds less than
+/// e^-16 (1.1e-7) to it.
+const NEGLIGIBLE: f32 = -16.0;
 /// Most tokens a draft model runs through the decoding kernels before drafting
 /// ([`from_model`]); more go through the prompt path first ([`catch_up`]).
 const CATCH_UP_ROWS: usize = 4;
 
-/// A sequence's drafter and how well its drafts have done: the draft's length adapts to
-/// what is accepted, and drafting pauses itself while it does not pay. A draft model's
-/// drafts cost time of their own: once they are timed, the length is the one that makes
-/// the most tokens a second, given the chance that a drafted token is kept, what a
-/// drafted token costs, and what each row adds to a verify pass, and drafting pauses where
-/// no length beats plain decoding.
+/// A sequence's drafter and how well its drafts have done; drafting pauses itself while
+/// it does not pay. Prompt lookup's draft length adapts to what is accepted. A draft
+/// model's drafts end where it is unsure ([`SURE`]), and cost time of their own: once
+/// timed, drafting pauses where the tokens its steps make, against what plain steps would
+/// have taken, come slower than plain decoding.
 #[derive(Debug, Clone)]
 pub struct Drafter {
     pub kind: Draft,
     /// Most tokens drafted at once ([`MAX_DRAFT`] unless a request asks for fewer).
     pub limit: usize,
-    /// Tokens to draft next time a match is found.
+    /// Tokens prompt lookup drafts next time it finds a match.
     length: usize,
     /// Mean tokens accepted per draft.
     accepted: f32,
     /// Steps left before drafting again, and the next pause's length.
     paused: usize,
     next_pause: usize,
-    /// Drafted tokens kept, and drafts that ended in a rejected token (moving averages):
-    /// a drafted token is kept with the chance `kept / (kept + rejected)`.
-    kept: f32,
-    rejected: f32,
-    /// Seconds a drafted token took to draft (a moving average; 0 until timed).
+    /// Seconds the draft model took for the draft being checked (0: none timed).
     draft_seconds: f32,
+    /// A draft model's steps, once timed: the plain steps' time their tokens stand for,
+    /// and the time they took (drafting and verifying), moving averages.
+    made: Option<Made>,
+    /// Seconds a draft model takes to catch up on a token a pause let by (a moving
+    /// average; 0 until timed): what resuming after a pause costs a paused step.
+    catch_up_seconds: f32,
     /// How a step's time (its verify pass) grows with the rows in it.
     passes: PassTimes,
     /// Rows of other sequences in the last pass (a batch's).
@@ -109,9 +122,9 @@ impl Drafter {
             accepted: 1.0,
             paused: 0,
             next_pause: FIRST_PAUSE,
-            kept: 1.0,
-            rejected: 0.0,
             draft_seconds: 0.0,
+            made: None,
+            catch_up_seconds: 0.0,
             passes: PassTimes::default(),
             others: 0,
             drafted_total: 0,
@@ -119,13 +132,17 @@ impl Drafter {
         }
     }
 
-    /// How many tokens to draft now, at most `limit`: none while paused.
+    /// How many tokens to draft now, at most `limit`: none while paused. A draft model
+    /// drafts as many as it is sure of, up to the limit.
     pub fn wanted(&mut self, limit: usize) -> usize {
         if self.paused > 0 {
             self.paused -= 1;
             return 0;
         }
-        self.length.min(self.limit).min(limit)
+        match self.kind {
+            Draft::Ngram => self.length.min(self.limit).min(limit),
+            Draft::Model => self.limit.min(limit),
+        }
     }
 
     /// Up to `limit` tokens that may follow `history` by prompt lookup ([`ngram`]), as
@@ -139,7 +156,8 @@ impl Drafter {
 
     /// Learns that `accepted` of the `drafted` tokens just proposed were kept: the next
     /// draft is longer after a whole one was kept, as long as what was kept and one more
-    /// otherwise; and drafting pauses while the mean kept is below [`PAYS_OFF`].
+    /// otherwise; and drafting pauses while the mean kept is below [`PAYS_OFF`], or, once
+    /// a draft model's steps are timed, while they make tokens slower than plain steps.
     pub fn learn(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;
@@ -151,36 +169,50 @@ impl Drafter {
             false => (accepted + 1).max(2),
         };
         self.accepted += AVERAGE_WEIGHT * (accepted as f32 - self.accepted);
-        self.kept += AVERAGE_WEIGHT * (accepted as f32 - self.kept);
-        let rejected = f32::from(u8::from(accepted < drafted));
-        self.rejected += AVERAGE_WEIGHT * (rejected - self.rejected);
-        let timed = self.passes.fit().filter(|_| self.draft_seconds > 0.0);
-        let pays = match timed {
-            Some(pass) => {
-                let chance = self.kept / (self.kept + self.rejected);
+        let pays = match (self.passes.fit(), self.draft_seconds) {
+            (Some(pass), draft_seconds) if draft_seconds > 0.0 => {
+                // The step made `1 + accepted` tokens, which plain steps make in as many
+                // one-row passes (beside the batch's other rows).
                 let rows = self.others + 1;
-                let (length, speedup) =
-                    best_length(chance, self.draft_seconds, pass, rows, MAX_DRAFT);
-                self.length = length;
-                speedup > 1.0
+                let step = Made::step(
+                    (1 + accepted) as f32 * pass.seconds(rows),
+                    draft_seconds + pass.seconds(rows + drafted),
+                );
+                let made = self.made.map_or(step, |mean| mean.average(step));
+                self.made = Some(made);
+                // A paused draft model catches up afterwards on the tokens it let by: a
+                // pause is worth it only if drafting loses more than that costs a step.
+                let catch_up = self.catch_up_seconds / pass.seconds(rows);
+                made.steps < TIMED_STEPS || made.plain * (1.0 + catch_up) > made.took
             }
-            None => self.accepted >= PAYS_OFF,
+            _ => self.accepted >= PAYS_OFF,
         };
+        self.draft_seconds = 0.0;
         if !pays {
             self.paused = self.next_pause;
             self.next_pause = (self.next_pause * 2).min(LONGEST_PAUSE);
             // Tried afresh after the pause.
             self.accepted = 1.0;
-            (self.kept, self.rejected) = (1.0, 0.0);
+            self.made = None;
             self.length = FIRST_DRAFT;
         }
     }
 
-    /// Learns that drafting `drafted` tokens took `seconds` (a draft model's; prompt lookup
-    /// costs next to nothing and is not timed).
-    pub fn drafting_took(&mut self, drafted: usize, seconds: f32) {
-        if drafted > 0 {
-            average(&mut self.draft_seconds, seconds / drafted as f32);
+    /// Learns that the draft model took `seconds` to draft the tokens about to be checked
+    /// (prompt lookup costs next to nothing and is not timed).
+    pub fn drafting_took(&mut self, seconds: f32) {
+        self.draft_seconds = seconds;
+    }
+
+    /// Learns that the draft model took `seconds` to catch up on `tokens` tokens (the
+    /// prompt's, or those a pause let by).
+    pub fn catching_up_took(&mut self, tokens: usize, seconds: f32) {
+        if tokens > 0 {
+            let sample = seconds / tokens as f32;
+            self.catch_up_seconds = match self.catch_up_seconds {
+                0.0 => sample,
+                mean => mean + AVERAGE_WEIGHT * (sample - mean),
+            };
         }
     }
 
@@ -192,12 +224,33 @@ impl Drafter {
     }
 }
 
-/// Folds `sample` into the moving average `mean` (0: none yet).
-fn average(mean: &mut f32, sample: f32) {
-    *mean = match *mean {
-        0.0 => sample,
-        m => m + AVERAGE_WEIGHT * (sample - m),
-    };
+/// A draft model's steps: the time plain steps would have taken for the tokens they
+/// made, and the time they took; of `steps` steps.
+#[derive(Debug, Clone, Copy)]
+struct Made {
+    plain: f32,
+    took: f32,
+    steps: usize,
+}
+
+impl Made {
+    /// One step's.
+    fn step(plain: f32, took: f32) -> Made {
+        Made {
+            plain,
+            took,
+            steps: 1,
+        }
+    }
+
+    /// The moving averages with `step` folded in.
+    fn average(self, step: Made) -> Made {
+        Made {
+            plain: self.plain + AVERAGE_WEIGHT * (step.plain - self.plain),
+            took: self.took + AVERAGE_WEIGHT * (step.took - self.took),
+            steps: self.steps + 1,
+        }
+    }
 }
 
 /// Weight of the newest pass in [`PassTimes`]' averages: a line through passes of varied
@@ -264,35 +317,6 @@ impl PassTimes {
     }
 }
 
-/// The draft length up to `limit` that makes the most tokens a second, and how many times
-/// plain decoding's that is, when each drafted token is kept with the chance `chance`
-/// (while the ones before it were) and takes `draft_seconds` to draft, and a pass takes
-/// `pass` of its rows: the sequence's one row among `rows` (a batch's) makes a token in
-/// `pass.seconds(rows)`; with `k` drafted tokens, `1 + chance + ... + chance^k` tokens in
-/// `k * draft_seconds + pass.seconds(rows + k)`.
-fn best_length(
-    chance: f32,
-    draft_seconds: f32,
-    pass: PassLine,
-    rows: usize,
-    limit: usize,
-) -> (usize, f32) {
-    let plain = pass.seconds(rows);
-    let mut made = 1.0;
-    let mut kept = 1.0;
-    let mut best = (1, 0.0);
-    for k in 1..=limit.max(1) {
-        kept *= chance;
-        made += kept;
-        let seconds = k as f32 * draft_seconds + pass.seconds(rows + k);
-        let speedup = made * plain / seconds;
-        if speedup > best.1 {
-            best = (k, speedup);
-        }
-    }
-    best
-}
-
 /// Up to `wanted` tokens that may follow `history`: what followed the latest earlier
 /// occurrence of its last [`MAX_NGRAM`] tokens (or fewer, down to [`MIN_NGRAM`]). Empty
 /// without a match.
@@ -320,8 +344,10 @@ pub fn catch_up<B: KernelBackend>(
     Ok(())
 }
 
-/// `wanted` tokens drafted by `model`, greedily, after `history`, its KV cache `cache`
-/// holding the model's run of `history`'s first tokens (at least one is not yet in it).
+/// Up to `wanted` tokens drafted by `model`, greedily, after `history`, its KV cache
+/// `cache` holding the model's run of `history`'s first tokens (at least one is not yet in
+/// it): at least one, then more while the model is [`sure`] of the last. All but the last
+/// are then in the cache.
 ///
 /// The tokens it lacks go through the decoding kernels in one pass, as a verify pass does:
 /// between two drafts, one or two (the pick after what was kept, and the last drafted token
@@ -341,11 +367,28 @@ pub fn from_model<B: KernelBackend>(
     loop {
         let token = argmax(&logits);
         drafted.push(token);
-        if drafted.len() == wanted {
+        if drafted.len() == wanted || !sure(&logits, token) {
             return Ok(drafted);
         }
         logits = model.forward_logits(&[token], cache, false)?;
     }
+}
+
+/// Whether `logits` give their largest, `logits[top]`, a chance of at least [`SURE`]: the
+/// sum of e^(logit - largest) at most 1 / SURE, stopping as soon as it is past.
+fn sure(logits: &[f32], top: u32) -> bool {
+    let largest = logits[top as usize];
+    let mut sum = 0.0;
+    for &logit in logits {
+        let below = logit - largest;
+        if below > NEGLIGIBLE {
+            sum += below.exp();
+            if sum > 1.0 / SURE {
+                return false;
+            }
+        }
+    }
+    true
 }
 
 /// The up to `wanted` tokens after the latest earlier occurrence of `history`'s last `n`.
@@ -385,51 +428,46 @@ mod tests {
     }
 
     #[test]
-    fn a_timed_draft_model_drafts_the_length_that_pays_most_or_pauses() {
-        // Passes of 10 ms whatever their rows.
-        let flat = PassLine {
-            base: 0.010,
-            per_row: 0.0,
-        };
-        // Free drafts that are always kept: as long as allowed.
-        let (length, speedup) = best_length(1.0, 0.0, flat, 1, 12);
-        assert_eq!(length, 12);
-        assert!((speedup - 13.0).abs() < 1e-4, "{speedup}");
-        // Each kept with 0.7, costing a tenth of a pass: 1.7 / 1.1 = 1.545..., 2.19 / 1.2 =
-        // 1.825, ... the best at 4 (2.7731 / 1.4 = 1.98).
-        let (length, speedup) = best_length(0.7, 0.001, flat, 1, 12);
-        assert_eq!(length, 4);
-        assert!((speedup - 2.7731 / 1.4).abs() < 1e-4, "{speedup}");
-        // Half a pass a token at 0.7: one token (1.7 / 1.5) and little gain; at 0.4, none.
-        assert_eq!(best_length(0.7, 0.005, flat, 1, 12).0, 1);
-        assert!(best_length(0.4, 0.005, flat, 1, 12).1 < 1.0);
-        // Free drafts kept with 0.9, but each row adds half of a one-row pass (10 + 5 ms):
-        // k tokens make 1 + 0.9 + ... + 0.9^k in 15 + 5k ms, the most at 5 (4.6856 / 4 x
-        // 1.5 = 1.7571; 4: 4.0951 / 3.5 x 1.5 = 1.7550).
-        let steep = PassLine {
-            base: 0.010,
-            per_row: 0.005,
-        };
-        let (length, speedup) = best_length(0.9, 0.0, steep, 1, 12);
-        assert_eq!(length, 5);
-        assert!((speedup - 1.7571).abs() < 1e-3, "{speedup}");
-        // In a batch whose other rows make the pass long, a row weighs less: longer drafts.
-        assert!(best_length(0.9, 0.0, steep, 8, 12).0 > 5);
+    fn a_draft_model_is_sure_of_a_token_given_three_chances_in_four() {
+        // e^a / (e^a + 2) >= 0.75 from a = ln 6 = 1.79 on.
+        assert!(sure(&[0.0, 2.0, 0.0], 1));
+        assert!(!sure(&[0.0, 1.6, 0.0], 1));
+        // A long tail far below counts for nothing; a long one near enough, for much.
+        let mut far = vec![-20.0; 49_152];
+        far[7] = 0.0;
+        assert!(sure(&far, 7));
+        let mut near = vec![-5.0; 49_152];
+        near[7] = 0.0;
+        assert!(!sure(&near, 7));
+    }
 
+    /// A draft model drafting one token a step, `seconds` a draft, whose drafts are kept
+    /// as `kept` says, beside 10 ms passes whatever their rows: the step at which it
+    /// pauses, if it does in 20.
+    fn pauses_after(catch_up: f32, seconds: f32, kept: impl Fn(usize) -> bool) -> Option<usize> {
         let mut drafter = Drafter::new(Draft::Model);
-        drafter.step_took(1, 1, 0.010);
-        drafter.drafting_took(4, 0.002);
-        // Kept every time: 0.5 ms a token against 10 ms a step, the longest draft.
-        drafter.learn(4, 4);
-        assert_eq!(drafter.length, MAX_DRAFT);
-        // A drafter as slow as a step whose drafts are half kept does not pay: it pauses.
-        drafter.drafting_took(1, 0.010);
-        drafter.drafting_took(1, 0.010);
-        drafter.drafting_took(1, 0.010);
-        for _ in 0..8 {
-            drafter.learn(2, 1);
-        }
-        assert!(drafter.paused > 0, "{drafter:?}");
+        drafter.catching_up_took(10, 10.0 * catch_up);
+        (0..20).find(|&step| {
+            assert_eq!(drafter.wanted(99), MAX_DRAFT, "as many as it is sure of");
+            drafter.drafting_took(seconds);
+            drafter.step_took(2, 2, 0.010);
+            drafter.learn(1, usize::from(kept(step)));
+            drafter.paused > 0
+        })
+    }
+
+    #[test]
+    fn a_draft_model_pauses_when_its_steps_lose_more_than_catching_up_would() {
+        // Kept: two tokens in 14 ms instead of 20. It never pauses.
+        assert_eq!(pauses_after(0.0, 0.004, |_| true), None);
+        // Never kept: one token in 14 ms instead of 10, but not on one step's say.
+        assert_eq!(pauses_after(0.0, 0.004, |_| false), Some(TIMED_STEPS - 1));
+        // A pause that lets catching up cost half a step a token is worth it only where
+        // drafting loses more than a third: 10 ms in 18 does, 10 in 13 does not.
+        assert_eq!(pauses_after(0.005, 0.008, |_| false), Some(TIMED_STEPS - 1));
+        assert_eq!(pauses_after(0.005, 0.003, |_| false), None);
+        // Drafts kept every other step make 1.5 tokens in 13 ms (15 plain): no pause.
+        assert_eq!(pauses_after(0.0, 0.003, |step| step % 2 == 0), None);
     }
 
     #[test]

@@ -109,12 +109,15 @@ impl<B: KernelBackend> Sequence<'_, B> {
             (Draft::Model, None) => Ok(Vec::new()),
             (Draft::Model, Some(model)) => {
                 let cache = draft_cache(&mut self.draft_cache, model, self.capacity)?;
-                // What a pause let by is a cost of resuming, paid once: not a drafted
-                // token's, which sets the draft's length.
+                // What a pause let by is a cost of resuming, paid once, not the draft's:
+                // it weighs on whether to pause.
+                let (started, before) = (Instant::now(), cache.len());
                 catch_up(model, cache, &self.history)?;
+                let caught_up = cache.len() - before;
+                drafter.catching_up_took(caught_up, started.elapsed().as_secs_f32());
                 let started = Instant::now();
                 let drafted = from_model(model, cache, &self.history, wanted)?;
-                drafter.drafting_took(drafted.len(), started.elapsed().as_secs_f32());
+                drafter.drafting_took(started.elapsed().as_secs_f32());
                 Ok(drafted)
             }
         }
@@ -124,16 +127,18 @@ impl<B: KernelBackend> Sequence<'_, B> {
     /// own prompt is run: its time is the prompt's, not decoding's. A draft model that
     /// fails leaves the sequence to decode plainly.
     pub(super) fn prefill_draft(&mut self, model: Option<&Generator<B>>) {
-        let (Some(drafter), Some(model)) = (&self.drafter, model) else {
+        let (Some(drafter), Some(model)) = (&mut self.drafter, model) else {
             return;
         };
         if drafter.kind != Draft::Model {
             return;
         }
+        let started = Instant::now();
         let prefilled = draft_cache(&mut self.draft_cache, model, self.capacity)
-            .and_then(|cache| catch_up(model, cache, &self.history));
-        if prefilled.is_err() {
-            self.stop_drafting();
+            .and_then(|cache| catch_up(model, cache, &self.history).map(|()| cache.len()));
+        match prefilled {
+            Ok(tokens) => drafter.catching_up_took(tokens, started.elapsed().as_secs_f32()),
+            Err(_) => self.stop_drafting(),
         }
     }
 

@@ -64,15 +64,16 @@ const TIMED_STEPS: usize = 4;
 /// up to [`LONGEST_PAUSE`].
 const FIRST_PAUSE: usize = 16;
 const LONGEST_PAUSE: usize = 512;
-/// How sure a draft model must be of a drafted token (the chance it gives it) to draft
-/// the next one after it. Every token it computes is proposed, since its pass is paid
-/// for and checking it adds only a row to the verify pass; going on past it costs another
-/// pass, worth it only if the token is likely kept. (llama.cpp's drafts end at the first
-/// token under its `--draft-p-min`, 0.75 by default in common/speculative.h, leaving that
-/// token out.)
-const SURE: f32 = 0.75;
-/// Logits this far below the largest are left out of [`sure`]'s sum: each adds less than
-/// e^-16 (1.1e-7) to it.
+/// A draft model's drafts go on past a token while the model gives it at least this
+/// chance, where a draft model's pass costs a sizable share of a step
+/// ([`Drafter::least_chance`]). (llama.cpp's drafts end at the first token under its
+/// `--draft-p-min`, 0.75 by default in common/speculative.h.)
+const LEAST_CHANCE: f32 = 0.75;
+/// The share of a step a draft model's pass may cost (with the row it adds to the verify
+/// pass) for its drafts to go on through tokens it is less sure of than [`LEAST_CHANCE`].
+const CHEAP_PASS: f32 = 0.25;
+/// Logits this far below the largest are left out of [`top_chance`]'s sum: each adds less
+/// than e^-16 (1.1e-7) to it.
 const NEGLIGIBLE: f32 = -16.0;
 /// Most tokens a draft model runs through the decoding kernels before drafting
 /// ([`from_model`]); more go through the prompt path first ([`catch_up`]).
@@ -80,9 +81,9 @@ const CATCH_UP_ROWS: usize = 4;
 
 /// A sequence's drafter and how well its drafts have done; drafting pauses itself while
 /// it does not pay. Prompt lookup's draft length adapts to what is accepted. A draft
-/// model's drafts end where it is unsure ([`SURE`]), and cost time of their own: once
-/// timed, drafting pauses where the tokens its steps make, against what plain steps would
-/// have taken, come slower than plain decoding.
+/// model's drafts go on while one more token is worth its cost
+/// ([`Self::least_chance`]); once timed, drafting pauses where the tokens its steps make,
+/// against what plain steps would have taken, come slower than plain decoding.
 #[derive(Debug, Clone)]
 pub struct Drafter {
     pub kind: Draft,
@@ -97,6 +98,8 @@ pub struct Drafter {
     next_pause: usize,
     /// Seconds the draft model took for the draft being checked (0: none timed).
     draft_seconds: f32,
+    /// A draft model's pass, in seconds (a moving average; 0 until timed).
+    pass_seconds: f32,
     /// A draft model's steps, once timed: the plain steps' time their tokens stand for,
     /// and the time they took (drafting and verifying), moving averages.
     made: Option<Made>,
@@ -123,6 +126,7 @@ impl Drafter {
             paused: 0,
             next_pause: FIRST_PAUSE,
             draft_seconds: 0.0,
+            pass_seconds: 0.0,
             made: None,
             catch_up_seconds: 0.0,
             passes: PassTimes::default(),
@@ -174,6 +178,9 @@ impl Drafter {
                 // The step made `1 + accepted` tokens, which plain steps make in as many
                 // one-row passes (beside the batch's other rows).
                 let rows = self.others + 1;
+                // A draft of k tokens is k passes: the first runs what the model lacks,
+                // each of the others the token before.
+                average(&mut self.pass_seconds, draft_seconds / drafted as f32);
                 let step = Made::step(
                     (1 + accepted) as f32 * pass.seconds(rows),
                     draft_seconds + pass.seconds(rows + drafted),
@@ -198,6 +205,24 @@ impl Drafter {
         }
     }
 
+    /// How likely, as the draft model gives it, its last drafted token must be for
+    /// drafting one more after it: [`LEAST_CHANCE`], less in proportion where one more
+    /// (another pass, another row of the verify pass) costs under [`CHEAP_PASS`] of the
+    /// step it may save, once [`TIMED_STEPS`] steps are timed. A model far cheaper than
+    /// the one it drafts for goes on through unsure tokens; one that costs half a step
+    /// stops at the first.
+    pub fn least_chance(&self) -> f32 {
+        let timed = self.made.is_some_and(|made| made.steps >= TIMED_STEPS);
+        match self.passes.fit() {
+            Some(pass) if timed => {
+                let step = pass.seconds(self.others + 1);
+                let share = (self.pass_seconds + pass.per_row) / step;
+                LEAST_CHANCE * (share / CHEAP_PASS).min(1.0)
+            }
+            _ => LEAST_CHANCE,
+        }
+    }
+
     /// Learns that the draft model took `seconds` to draft the tokens about to be checked
     /// (prompt lookup costs next to nothing and is not timed).
     pub fn drafting_took(&mut self, seconds: f32) {
@@ -208,11 +233,7 @@ impl Drafter {
     /// prompt's, or those a pause let by).
     pub fn catching_up_took(&mut self, tokens: usize, seconds: f32) {
         if tokens > 0 {
-            let sample = seconds / tokens as f32;
-            self.catch_up_seconds = match self.catch_up_seconds {
-                0.0 => sample,
-                mean => mean + AVERAGE_WEIGHT * (sample - mean),
-            };
+            average(&mut self.catch_up_seconds, seconds / tokens as f32);
         }
     }
 
@@ -222,6 +243,14 @@ impl Drafter {
         self.passes.add(rows, seconds);
         self.others = rows.saturating_sub(own);
     }
+}
+
+/// Folds `sample` into the moving average `mean` (0: none yet).
+fn average(mean: &mut f32, sample: f32) {
+    *mean = match *mean {
+        0.0 => sample,
+        mean => mean + AVERAGE_WEIGHT * (sample - mean),
+    };
 }
 
 /// A draft model's steps: the time plain steps would have taken for the tokens they
@@ -346,8 +375,8 @@ pub fn catch_up<B: KernelBackend>(
 
 /// Up to `wanted` tokens drafted by `model`, greedily, after `history`, its KV cache
 /// `cache` holding the model's run of `history`'s first tokens (at least one is not yet in
-/// it): at least one, then more while the model is [`sure`] of the last. All but the last
-/// are then in the cache.
+/// it): at least one, then more while the model gives the last at least `least_chance`.
+/// All but the last are then in the cache.
 ///
 /// The tokens it lacks go through the decoding kernels in one pass, as a verify pass does:
 /// between two drafts, one or two (the pick after what was kept, and the last drafted token
@@ -358,6 +387,7 @@ pub fn from_model<B: KernelBackend>(
     cache: &mut KvCache<B>,
     history: &[u32],
     wanted: usize,
+    least_chance: f32,
 ) -> Result<Vec<u32>, GenerateError> {
     let behind = &history[cache.len()..];
     let mut logits = model.decode_rows(behind, &mut [&mut *cache], &[behind.len()])?;
@@ -367,28 +397,23 @@ pub fn from_model<B: KernelBackend>(
     loop {
         let token = argmax(&logits);
         drafted.push(token);
-        if drafted.len() == wanted || !sure(&logits, token) {
+        if drafted.len() == wanted || top_chance(&logits, token) < least_chance {
             return Ok(drafted);
         }
         logits = model.forward_logits(&[token], cache, false)?;
     }
 }
 
-/// Whether `logits` give their largest, `logits[top]`, a chance of at least [`SURE`]: the
-/// sum of e^(logit - largest) at most 1 / SURE, stopping as soon as it is past.
-fn sure(logits: &[f32], top: u32) -> bool {
+/// The chance `logits` give their largest, `logits[top]`: 1 / the sum of e^(logit -
+/// largest).
+fn top_chance(logits: &[f32], top: u32) -> f32 {
     let largest = logits[top as usize];
-    let mut sum = 0.0;
-    for &logit in logits {
-        let below = logit - largest;
-        if below > NEGLIGIBLE {
-            sum += below.exp();
-            if sum > 1.0 / SURE {
-                return false;
-            }
-        }
-    }
-    true
+    let sum: f32 = (logits.iter())
+        .map(|&logit| logit - largest)
+        .filter(|&below| below > NEGLIGIBLE)
+        .map(f32::exp)
+        .sum();
+    1.0 / sum.max(1.0)
 }
 
 /// The up to `wanted` tokens after the latest earlier occurrence of `history`'s last `n`.
@@ -428,17 +453,36 @@ mod tests {
     }
 
     #[test]
-    fn a_draft_model_is_sure_of_a_token_given_three_chances_in_four() {
-        // e^a / (e^a + 2) >= 0.75 from a = ln 6 = 1.79 on.
-        assert!(sure(&[0.0, 2.0, 0.0], 1));
-        assert!(!sure(&[0.0, 1.6, 0.0], 1));
-        // A long tail far below counts for nothing; a long one near enough, for much.
+    fn the_top_chance_is_the_softmax_of_the_largest_logit() {
+        // e^2 / (e^2 + 2) = 0.787.
+        assert!((top_chance(&[0.0, 2.0, 0.0], 1) - 0.7870).abs() < 1e-4);
+        // A long tail far below counts for nothing; a long one near enough, for much:
+        // 1 / (1 + 49151 e^-5) = 0.0030.
         let mut far = vec![-20.0; 49_152];
         far[7] = 0.0;
-        assert!(sure(&far, 7));
+        assert!(top_chance(&far, 7) > 0.9999);
         let mut near = vec![-5.0; 49_152];
         near[7] = 0.0;
-        assert!(!sure(&near, 7));
+        assert!((top_chance(&near, 7) - 0.00301).abs() < 1e-5);
+    }
+
+    #[test]
+    fn a_cheap_draft_model_drafts_through_unsure_tokens_a_dear_one_does_not() {
+        // Steps of 10 ms whatever their rows.
+        let least_chance = |pass: f32| {
+            let mut drafter = Drafter::new(Draft::Model);
+            for _ in 0..TIMED_STEPS {
+                assert_eq!(drafter.least_chance(), LEAST_CHANCE);
+                drafter.drafting_took(2.0 * pass);
+                drafter.step_took(3, 3, 0.010);
+                drafter.learn(2, 2);
+            }
+            drafter.least_chance()
+        };
+        // A pass of 0.25 ms, a fortieth of a step: a tenth of the chance.
+        assert!((least_chance(0.00025) - LEAST_CHANCE / 10.0).abs() < 1e-6);
+        // Of 4 ms: all of it.
+        assert_eq!(least_chance(0.004), LEAST_CHANCE);
     }
 
     /// A draft model drafting one token a step, `seconds` a draft, whose drafts are kept

@@ -116,7 +116,8 @@ impl<B: KernelBackend> Sequence<'_, B> {
                 let caught_up = cache.len() - before;
                 drafter.catching_up_took(caught_up, started.elapsed().as_secs_f32());
                 let started = Instant::now();
-                let drafted = from_model(model, cache, &self.history, wanted)?;
+                let least_chance = drafter.least_chance();
+                let drafted = from_model(model, cache, &self.history, wanted, least_chance)?;
                 drafter.drafting_took(started.elapsed().as_secs_f32());
                 Ok(drafted)
             }

@@ -82,8 +82,8 @@ const CATCH_UP_ROWS: usize = 4;
 /// A sequence's drafter and how well its drafts have done; drafting pauses itself while
 /// it does not pay. Prompt lookup's draft length adapts to what is accepted. A draft
 /// model's drafts go on while one more token is worth its cost
-/// ([`Self::least_chance`]); once timed, drafting pauses where the tokens its steps make,
-/// against what plain steps would have taken, come slower than plain decoding.
+/// ([`Self::least_chance`]); once timed, drafting pauses where its steps make tokens
+/// slower than plain steps would, by more than catching up after the pause costs.
 #[derive(Debug, Clone)]
 pub struct Drafter {
     pub kind: Draft,

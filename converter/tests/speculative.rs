@@ -133,3 +133,31 @@ fn every_family_generates_the_same_tokens_with_drafts() {
         assert!(kept > 0, "{variant}: no drafted token was kept");
     }
 }
+
+/// A sequence that stops drafting part-way (a draft model that failed, a request limited
+/// to no drafts) drafts nothing more, and still counts what it drafted before (`/metrics`
+/// adds it up when the request ends).
+#[test]
+fn stopping_drafts_keeps_the_counts_of_those_made() {
+    let tmp = tempfile::tempdir().unwrap();
+    let run = common::converter(&[&"convert", &data_dir("tiny"), &tmp.path()]);
+    assert!(run.success, "{}", run.stderr);
+    let tokenizer = Tokenizer::from_dir(tmp.path()).unwrap();
+    let generator = Generator::<FlexBackend>::load(tmp.path(), &Default::default()).unwrap();
+    let vocab = generator.config.vocab_size;
+    let ids: Vec<u32> = (0..64u32).map(|i| (i * 7919 + 13) % vocab as u32).collect();
+    let prompt = &prompts(&ids, vocab)[0];
+    let mut sequence = generator
+        .start(&tokenizer, prompt, options(0.0, 0, 80))
+        .unwrap();
+    sequence.start_drafting(Draft::Ngram);
+    while sequence.drafted().0 == 0 {
+        let step = generator.step(&mut sequence, &mut |_| {}).unwrap();
+        assert!(step.is_none(), "ended before a draft was made");
+    }
+    let made = sequence.drafted();
+    sequence.stop_drafting();
+    let mut step = || generator.step(&mut sequence, &mut |_| {}).unwrap();
+    while step().is_none() {}
+    assert_eq!(sequence.drafted(), made);
+}

@@ -86,7 +86,8 @@ const CATCH_UP_ROWS: usize = 4;
 #[derive(Debug, Clone)]
 pub struct Drafter {
     pub kind: Draft,
-    /// Most tokens drafted at once ([`MAX_DRAFT`] unless a request asks for fewer).
+    /// Most tokens drafted at once ([`MAX_DRAFT`] unless a request asks for fewer; 0 once
+    /// the sequence stopped drafting).
     pub limit: usize,
     /// Tokens prompt lookup drafts next time it finds a match.
     length: usize,
@@ -157,9 +158,9 @@ impl Drafter {
         }
     }
 
-    /// Learns that `accepted` of the `drafted` tokens just proposed were kept: the next
-    /// draft is longer after a whole one was kept, as long as what was kept and one more
-    /// otherwise; and drafting pauses while the mean kept is below [`PAYS_OFF`], or, once
+    /// Learns that `accepted` of the `drafted` tokens just proposed were kept: prompt
+    /// lookup's next draft is longer after a whole one was kept, as long as what was kept
+    /// and one more otherwise; and drafting pauses while the mean kept is below [`PAYS_OFF`], or, once
     /// a draft model's steps are timed, while they make tokens slower than plain steps.
     pub fn learn(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
@@ -167,10 +168,12 @@ impl Drafter {
         }
         self.drafted_total += drafted;
         self.accepted_total += accepted;
-        self.length = match accepted == drafted {
-            true => (drafted + 2).min(MAX_DRAFT),
-            false => (accepted + 1).max(2),
-        };
+        if self.kind == Draft::Ngram {
+            self.length = match accepted == drafted {
+                true => (drafted + 2).min(MAX_DRAFT),
+                false => (accepted + 1).max(2),
+            };
+        }
         self.accepted += AVERAGE_WEIGHT * (accepted as f32 - self.accepted);
         let pays = match (self.passes.fit(), self.draft_seconds) {
             (Some(pass), draft_seconds) if draft_seconds > 0.0 => {

@@ -71,15 +71,19 @@ impl<B: KernelBackend> Sequence<'_, B> {
         self.drafter = Some(Drafter::new(draft));
     }
 
-    /// Drafts no more tokens for this sequence (a request that opts out of speculation).
+    /// Drafts no more tokens for this sequence (a request that opts out of speculation, a
+    /// draft model that failed). What it drafted so far still counts in [`Self::drafted`].
     pub fn stop_drafting(&mut self) {
-        self.drafter = None;
+        if let Some(drafter) = &mut self.drafter {
+            drafter.limit = 0;
+        }
+        self.draft_cache = None;
     }
 
     /// Drafts at most `limit` tokens at once for this sequence (0: none), if it drafts.
     pub fn limit_drafts(&mut self, limit: usize) {
         match limit {
-            0 => self.drafter = None,
+            0 => self.stop_drafting(),
             limit => (self.drafter.iter_mut()).for_each(|drafter| drafter.limit = limit),
         }
     }
@@ -131,7 +135,7 @@ impl<B: KernelBackend> Sequence<'_, B> {
         let (Some(drafter), Some(model)) = (&mut self.drafter, model) else {
             return;
         };
-        if drafter.kind != Draft::Model {
+        if drafter.kind != Draft::Model || drafter.limit == 0 {
             return;
         }
         let started = Instant::now();

@@ -285,20 +285,25 @@ pub enum Event {
     /// stop string's own tokens): the HTTP side pairs each token with the text that
     /// completes its `bytes`.
     Logprobs(Vec<Logprob>),
-    Done {
-        reason: StopReason,
-        prompt_tokens: usize,
-        /// Prompt tokens found in a kept cache and not run again.
-        cached_tokens: usize,
-        completion_tokens: usize,
-        /// The stop string that ended the text (`reason` is then `Stop`).
-        stop_string: Option<String>,
-    },
+    /// The generation ended: why, and what it counted.
+    Done(Finished),
     Failed(String),
     /// The request cannot be served as asked, found only while generating: its grammar
     /// went past llguidance's limits (a 400 naming the field the grammar came from, if
     /// nothing was sent).
     Refused(String),
+}
+
+/// How a generation ended ([`Event::Done`]).
+#[derive(Debug, Clone, PartialEq)]
+pub struct Finished {
+    pub reason: StopReason,
+    pub prompt_tokens: usize,
+    /// Prompt tokens found in a kept cache and not run again.
+    pub cached_tokens: usize,
+    pub completion_tokens: usize,
+    /// The stop string that ended the text (`reason` is then `Stop`).
+    pub stop_string: Option<String>,
 }
 
 /// A generated token's log-probability and the most likely tokens' at its step.
@@ -700,13 +705,13 @@ impl<B: KernelBackend> Engine<B> {
             .fetch_add(counted(1) as u64, Ordering::Relaxed);
         let _ = events.send(match outcome {
             Err(event) => event,
-            Ok(()) => Event::Done {
+            Ok(()) => Event::Done(Finished {
                 reason: generation.stop_reason,
                 prompt_tokens,
                 cached_tokens,
                 completion_tokens: generation.tokens.len(),
                 stop_string: generation.stop_string,
-            },
+            }),
         });
     }
 }
@@ -731,7 +736,7 @@ pub(crate) mod testing {
     use runtime::generate::StopReason;
     use tokio::sync::mpsc as async_mpsc;
 
-    use super::Event;
+    use super::{Event, Finished};
 
     /// The engine's events for `text` in pieces of `size` bytes (ASCII), ended as `reason`
     /// after `tokens` tokens, 3 of the prompt's 7 from a cache; a stop string is `"\n\nUser"`.
@@ -746,13 +751,13 @@ pub(crate) mod testing {
             let piece = String::from_utf8(piece.to_vec()).unwrap();
             sender.send(Event::Text(piece)).unwrap();
         }
-        let done = Event::Done {
+        let done = Event::Done(Finished {
             reason,
             prompt_tokens: 7,
             cached_tokens: 3,
             completion_tokens: tokens,
             stop_string: (reason == StopReason::Stop).then(|| "\n\nUser".to_string()),
-        };
+        });
         sender.send(done).unwrap();
         receiver
     }

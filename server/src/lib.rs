@@ -21,6 +21,7 @@ mod messages;
 mod reply;
 mod responses;
 mod routes;
+mod text_events;
 mod tokens;
 mod transport;
 mod webui;

@@ -18,7 +18,7 @@ use tokio::sync::mpsc as async_mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tokio_stream::{StreamExt, StreamMap};
 
-use crate::engine::{Event, Logprob};
+use crate::engine::{Event, Finished, Logprob};
 use crate::error::ApiError;
 
 /// What a stream says, in a comment, while its request waits for a slot.
@@ -320,15 +320,9 @@ impl Reply {
                     Some(Event::Waiting) => {}
                     Some(Event::Text(piece)) => text.push_str(&piece),
                     Some(Event::Logprobs(more)) => logprobs.extend(more),
-                    Some(Event::Done {
-                        reason,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                        ..
-                    }) => {
-                        usage.add(prompt_tokens, cached_tokens, completion_tokens);
-                        break reason;
+                    Some(Event::Done(finished)) => {
+                        usage.add(&finished);
+                        break finished.reason;
                     }
                     Some(Event::Failed(message)) => return failed(message).into_response(),
                     Some(Event::Refused(message)) => {
@@ -442,14 +436,9 @@ impl Reply {
                             }
                         }
                     }
-                    Event::Done {
-                        reason,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                        ..
-                    } => {
-                        usage.add(prompt_tokens, cached_tokens, completion_tokens);
+                    Event::Done(finished) => {
+                        usage.add(&finished);
+                        let reason = finished.reason;
                         running -= 1;
                         let mut values = match choice.reading.take() {
                             Some(reading) => self.deltas(index, choice, reading.finish()),
@@ -628,10 +617,11 @@ struct Usage {
 }
 
 impl Usage {
-    fn add(&mut self, prompt_tokens: usize, cached_tokens: usize, completion_tokens: usize) {
-        self.prompt_tokens += prompt_tokens;
-        self.cached_tokens += cached_tokens;
-        self.completion_tokens += completion_tokens;
+    /// Adds one choice's counts.
+    fn add(&mut self, finished: &Finished) {
+        self.prompt_tokens += finished.prompt_tokens;
+        self.cached_tokens += finished.cached_tokens;
+        self.completion_tokens += finished.completion_tokens;
     }
 
     fn value(&self) -> Value {
@@ -741,13 +731,13 @@ mod reading_tests {
             sender.send(Event::Text(answer[at..end].into())).unwrap();
             at = end;
         }
-        let done = Event::Done {
+        let done = Event::Done(Finished {
             reason: StopReason::Eos,
             prompt_tokens: 3,
             cached_tokens: 0,
             completion_tokens: 9,
             stop_string: None,
-        };
+        });
         sender.send(done).unwrap();
         vec![receiver]
     }

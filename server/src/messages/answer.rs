@@ -7,7 +7,6 @@
 use std::convert::Infallible;
 
 use axum::Json;
-use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use runtime::generate::StopReason;
@@ -18,9 +17,10 @@ use serde_json::{Value, json};
 use tokio::sync::mpsc as async_mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
-use crate::engine::Event;
+use crate::engine::{Event, Finished};
 use crate::error::{ApiError, Protocol};
-use crate::reply::{Reading, Said, WAITING};
+use crate::reply::{Reading, Said};
+use crate::text_events::{self, Failure, Read};
 
 /// A content block of the answer. A call's `input` is the model's JSON as it wrote it (its
 /// keys in their order), which the client sends back in the next turn.
@@ -166,15 +166,6 @@ fn block_stop(index: usize) -> Sent {
     ("content_block_stop", data)
 }
 
-/// How the answer ended.
-struct Ended {
-    reason: StopReason,
-    stop_string: Option<String>,
-    prompt_tokens: usize,
-    cached_tokens: usize,
-    completion_tokens: usize,
-}
-
 /// The whole message, as Anthropic's API returns it.
 #[derive(Serialize)]
 struct Whole<'a> {
@@ -241,7 +232,7 @@ impl Answer {
         self.blocks.close(sent);
     }
 
-    fn stop_reason(&self, ended: &Ended) -> &'static str {
+    fn stop_reason(&self, ended: &Finished) -> &'static str {
         match ended.reason {
             StopReason::Stop => "stop_sequence",
             StopReason::Length if ended.completion_tokens < self.max_tokens => {
@@ -256,7 +247,7 @@ impl Answer {
     /// Anthropic's usage: `input_tokens` are the prompt's tokens not read from a cache (the
     /// prompt is their sum with `cache_read_input_tokens`, as Anthropic counts); a cache is
     /// kept of every prompt here, none written on request.
-    fn usage(ended: &Ended) -> Value {
+    fn usage(ended: &Finished) -> Value {
         json!({
             "input_tokens": ended.prompt_tokens - ended.cached_tokens,
             "cache_creation_input_tokens": 0,
@@ -269,26 +260,10 @@ impl Answer {
     pub async fn whole(mut self, mut events: async_mpsc::UnboundedReceiver<Event>) -> Response {
         let mut sent = Vec::new();
         let ended = loop {
-            match events.recv().await {
-                Some(Event::Waiting | Event::Logprobs(_)) => {}
-                Some(Event::Text(piece)) => self.push(&piece, &mut sent),
-                Some(Event::Done {
-                    reason,
-                    prompt_tokens,
-                    cached_tokens,
-                    completion_tokens,
-                    stop_string,
-                }) => {
-                    break Ended {
-                        reason,
-                        stop_string,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                    };
-                }
-                Some(other) => return ended_badly(other).respond(Protocol::Anthropic),
-                None => return ended_badly(Event::Waiting).respond(Protocol::Anthropic),
+            match text_events::next(&mut events).await {
+                Read::Text(piece) => self.push(&piece, &mut sent),
+                Read::Done(finished) => break finished,
+                Read::Failed(failure) => return ended_badly(failure).respond(Protocol::Anthropic),
             }
             // The events are for a stream.
             sent.clear();
@@ -333,35 +308,15 @@ impl Answer {
             let mut told_waiting = false;
             let mut ended = false;
             while !ended {
-                let event = tokio::select! {
-                    event = events.recv() => event,
-                    // The client is gone: dropping `events` now cancels the request.
-                    () = out.closed() => return,
+                let Some(read) =
+                    text_events::next_streamed(&mut events, &out, &mut told_waiting).await
+                else {
+                    return;
                 };
                 let mut sent = Vec::new();
-                match event {
-                    Some(Event::Waiting) if !told_waiting => {
-                        told_waiting = true;
-                        if out.send(Ok(SseEvent::default().comment(WAITING))).is_err() {
-                            return;
-                        }
-                    }
-                    Some(Event::Waiting | Event::Logprobs(_)) => {}
-                    Some(Event::Text(piece)) => self.push(&piece, &mut sent),
-                    Some(Event::Done {
-                        reason,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                        stop_string,
-                    }) => {
-                        let end = Ended {
-                            reason,
-                            stop_string,
-                            prompt_tokens,
-                            cached_tokens,
-                            completion_tokens,
-                        };
+                match read {
+                    Read::Text(piece) => self.push(&piece, &mut sent),
+                    Read::Done(end) => {
                         self.finish(&mut sent);
                         let delta = json!({"stop_reason": self.stop_reason(&end),
                                            "stop_sequence": end.stop_string});
@@ -373,12 +328,8 @@ impl Answer {
                         sent.push(("message_stop", json!({"type": "message_stop"})));
                         ended = true;
                     }
-                    Some(other) => {
-                        send(("error", ended_badly(other).anthropic_body()));
-                        return;
-                    }
-                    None => {
-                        send(("error", ended_badly(Event::Waiting).anthropic_body()));
+                    Read::Failed(failure) => {
+                        send(("error", ended_badly(failure).anthropic_body()));
                         return;
                     }
                 }
@@ -394,16 +345,10 @@ impl Answer {
 }
 
 /// The error of an answer that did not end with `Done`: the engine's failure (or its
-/// stopping: any other event), or a grammar past its limits (the forced call's, from the
-/// tools).
-fn ended_badly(event: Event) -> ApiError {
-    match event {
-        Event::Refused(message) => {
-            ApiError::invalid_field("tools", format!("the tools' grammar: {message}"))
-        }
-        Event::Failed(message) => ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, message),
-        _ => ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, "the engine stopped"),
-    }
+/// stopping), or a grammar past its limits (the forced call's, from the tools).
+fn ended_badly(failure: Failure) -> ApiError {
+    failure
+        .error(|message| ApiError::invalid_field("tools", format!("the tools' grammar: {message}")))
 }
 
 #[cfg(test)]

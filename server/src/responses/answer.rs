@@ -13,7 +13,6 @@ use std::convert::Infallible;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::http::StatusCode;
 use axum::response::sse::{Event as SseEvent, Sse};
 use axum::response::{IntoResponse, Response};
 use runtime::generate::StopReason;
@@ -23,9 +22,10 @@ use tokio::sync::mpsc as async_mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 
 use super::request::{Echo, Namespaces};
-use crate::engine::Event;
+use crate::engine::{Event, Finished};
 use crate::error::ApiError;
-use crate::reply::{Reading, Said, WAITING};
+use crate::reply::{Reading, Said};
+use crate::text_events::{self, Failure, Read};
 
 /// An id of OpenAI's shape: `prefix` and 24 hex digits.
 fn new_id(prefix: &str) -> String {
@@ -320,14 +320,6 @@ impl Reasoned {
     }
 }
 
-/// How the answer ended.
-struct Ended {
-    reason: StopReason,
-    prompt_tokens: usize,
-    cached_tokens: usize,
-    completion_tokens: usize,
-}
-
 /// One answer being built.
 pub(crate) struct Answer {
     id: String,
@@ -382,7 +374,7 @@ impl Answer {
 
     /// Reads what the reading still holds and closes the open item: `incomplete` if the
     /// answer was cut at its length.
-    fn finish(&mut self, ended: &Ended, sent: &mut Vec<Value>) {
+    fn finish(&mut self, ended: &Finished, sent: &mut Vec<Value>) {
         if let Some(reading) = self.reading.take() {
             let said = reading.finish();
             self.reasoned.saw(&said, false);
@@ -394,7 +386,7 @@ impl Answer {
     }
 
     /// The response object: `status`, the items closed so far, `usage` and `error`.
-    fn response(&self, status: &str, ended: Option<&Ended>, error: Value) -> Value {
+    fn response(&self, status: &str, ended: Option<&Finished>, error: Value) -> Value {
         let incomplete = (ended.is_some_and(|e| e.reason == StopReason::Length))
             .then(|| json!({"reason": "max_output_tokens"}));
         let mut response = json!({
@@ -410,7 +402,7 @@ impl Answer {
 
     /// OpenAI's usage: the prompt's tokens (those found in a kept cache among them), the
     /// answer's (its reasoning's among them).
-    fn usage(&self, ended: &Ended) -> Value {
+    fn usage(&self, ended: &Finished) -> Value {
         json!({
             "input_tokens": ended.prompt_tokens,
             "input_tokens_details": {"cached_tokens": ended.cached_tokens, "cache_write_tokens": 0},
@@ -423,7 +415,7 @@ impl Answer {
     }
 
     /// The status an ended answer has.
-    fn status(ended: &Ended) -> &'static str {
+    fn status(ended: &Finished) -> &'static str {
         match ended.reason {
             StopReason::Length => "incomplete",
             _ => "completed",
@@ -434,25 +426,10 @@ impl Answer {
     pub async fn whole(mut self, mut events: async_mpsc::UnboundedReceiver<Event>) -> Response {
         let mut sent = Vec::new();
         let ended = loop {
-            match events.recv().await {
-                Some(Event::Waiting | Event::Logprobs(_)) => {}
-                Some(Event::Text(piece)) => self.push(&piece, &mut sent),
-                Some(Event::Done {
-                    reason,
-                    prompt_tokens,
-                    cached_tokens,
-                    completion_tokens,
-                    ..
-                }) => {
-                    break Ended {
-                        reason,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                    };
-                }
-                Some(other) => return self.ended_badly(other).into_response(),
-                None => return self.ended_badly(Event::Waiting).into_response(),
+            match text_events::next(&mut events).await {
+                Read::Text(piece) => self.push(&piece, &mut sent),
+                Read::Done(finished) => break finished,
+                Read::Failed(failure) => return self.ended_badly(failure).into_response(),
             }
             // The events are for a stream.
             sent.clear();
@@ -487,51 +464,30 @@ impl Answer {
             }
             let mut told_waiting = false;
             loop {
-                let event = tokio::select! {
-                    event = events.recv() => event,
-                    // The client is gone: dropping `events` now cancels the request.
-                    () = out.closed() => return,
+                let Some(read) =
+                    text_events::next_streamed(&mut events, &out, &mut told_waiting).await
+                else {
+                    return;
                 };
                 let mut sent = Vec::new();
-                let mut ended = false;
-                match event {
-                    Some(Event::Waiting) if !told_waiting => {
-                        told_waiting = true;
-                        if out.send(Ok(SseEvent::default().comment(WAITING))).is_err() {
-                            return;
-                        }
+                let ended = match read {
+                    Read::Text(piece) => {
+                        self.push(&piece, &mut sent);
+                        false
                     }
-                    Some(Event::Waiting | Event::Logprobs(_)) => {}
-                    Some(Event::Text(piece)) => self.push(&piece, &mut sent),
-                    Some(Event::Done {
-                        reason,
-                        prompt_tokens,
-                        cached_tokens,
-                        completion_tokens,
-                        ..
-                    }) => {
-                        let end = Ended {
-                            reason,
-                            prompt_tokens,
-                            cached_tokens,
-                            completion_tokens,
-                        };
+                    Read::Done(end) => {
                         self.finish(&end, &mut sent);
                         let status = Self::status(&end);
                         let kind = format!("response.{status}");
                         let response = self.response(status, Some(&end), Value::Null);
                         sent.push(json!({"type": kind, "response": response}));
-                        ended = true;
+                        true
                     }
-                    Some(other) => {
-                        sent.push(self.failure(other));
-                        ended = true;
+                    Read::Failed(failure) => {
+                        sent.push(self.failure(failure));
+                        true
                     }
-                    None => {
-                        sent.push(self.failure(Event::Waiting));
-                        ended = true;
-                    }
-                }
+                };
                 for data in sent {
                     if !send(data) {
                         return;
@@ -546,10 +502,10 @@ impl Answer {
     }
 
     /// The last event of a stream that did not end with `Done`: a grammar refused is an
-    /// `error` naming the field it came from; the engine's failure (or its stopping: any
-    /// other event) `response.failed`.
-    fn failure(&self, event: Event) -> Value {
-        let error = self.ended_badly(event);
+    /// `error` naming the field it came from; the engine's failure (or its stopping)
+    /// `response.failed`.
+    fn failure(&self, failure: Failure) -> Value {
+        let error = self.ended_badly(failure);
         if error.status.is_client_error() {
             return json!({"type": "error", "code": "invalid_request_error",
                           "message": error.message, "param": error.param});
@@ -559,17 +515,11 @@ impl Answer {
     }
 
     /// The error of an answer that did not end with `Done`.
-    fn ended_badly(&self, event: Event) -> ApiError {
+    fn ended_badly(&self, failure: Failure) -> ApiError {
         let param = self.grammar_param;
-        match event {
-            Event::Refused(message) => {
-                ApiError::invalid_field(param, format!("{param}'s grammar: {message}"))
-            }
-            Event::Failed(message) => {
-                ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, message)
-            }
-            _ => ApiError::with_status(StatusCode::INTERNAL_SERVER_ERROR, "the engine stopped"),
-        }
+        failure.error(|message| {
+            ApiError::invalid_field(param, format!("{param}'s grammar: {message}"))
+        })
     }
 }
 

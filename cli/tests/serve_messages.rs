@@ -13,19 +13,14 @@ mod common;
 
 use serde_json::{Value, json};
 
-use common::{Server, artifact_dir, has_anthropic_client, run_anthropic_client};
+use common::{
+    Server, artifact_dir, has_anthropic_client, named_events, run_anthropic_client, template,
+};
 
 const MESSAGES: &str = "/v1/messages";
 const COUNT: &str = "/v1/messages/count_tokens";
 /// What Anthropic's clients send with every request; any value is accepted.
 const VERSION: &str = "anthropic-version: 2023-06-01";
-
-fn template(name: &str) -> String {
-    format!(
-        "{}/../runtime/tests/data/chat-tools/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
 
 /// A POST with `headers` besides the version: its status and JSON body.
 fn post(server: &Server, path: &str, headers: &[&str], body: &Value) -> (u16, Value) {
@@ -53,20 +48,7 @@ fn events(server: &Server, body: &Value) -> Vec<(String, Value)> {
     let (status, bytes) = server.request("POST", MESSAGES, &[VERSION], body.to_string().as_bytes());
     let text = String::from_utf8(bytes).unwrap();
     assert_eq!(status, 200, "{text}");
-    let mut events = Vec::new();
-    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
-        let field = |name: &str| {
-            (block.lines()).find_map(|l| l.strip_prefix(name)?.strip_prefix(": ").map(String::from))
-        };
-        let (Some(name), Some(data)) = (field("event"), field("data")) else {
-            assert!(block.starts_with(':'), "not an event: {block:?}");
-            continue;
-        };
-        let data: Value = serde_json::from_str(&data).unwrap();
-        assert_eq!(data["type"], name.as_str(), "{block}");
-        events.push((name, data));
-    }
-    events
+    named_events(&text)
 }
 
 /// What a stream said: its blocks as a whole answer has them (a tool_use block's input the

@@ -12,16 +12,9 @@ mod common;
 
 use serde_json::{Value, json};
 
-use common::{Server, artifact_dir, chat_body};
+use common::{Server, artifact_dir, chat_body, template};
 
 const CHAT: &str = "/v1/chat/completions";
-
-fn template(name: &str) -> String {
-    format!(
-        "{}/../runtime/tests/data/chat-tools/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
 
 fn post_ok(server: &Server, body: &Value) -> Value {
     let (status, answer) = server.post(CHAT, body);

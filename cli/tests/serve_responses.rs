@@ -13,16 +13,11 @@ mod common;
 
 use serde_json::{Value, json};
 
-use common::{Server, artifact_dir, cli_answer, has_openai_client, run_client};
+use common::{
+    Server, artifact_dir, cli_answer, has_openai_client, named_events, run_client, template,
+};
 
 const RESPONSES: &str = "/v1/responses";
-
-fn template(name: &str) -> String {
-    format!(
-        "{}/../runtime/tests/data/chat-tools/{name}",
-        env!("CARGO_MANIFEST_DIR")
-    )
-}
 
 /// A POST with `headers`: its status and JSON body.
 fn post(server: &Server, headers: &[&str], body: &Value) -> (u16, Value) {
@@ -53,19 +48,12 @@ fn events(server: &Server, body: &Value) -> Vec<Value> {
     let (status, bytes) = server.request("POST", RESPONSES, &[], body.to_string().as_bytes());
     let text = String::from_utf8(bytes).unwrap();
     assert_eq!(status, 200, "{text}");
-    let mut events = Vec::new();
-    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
-        let field = |name: &str| {
-            (block.lines()).find_map(|l| l.strip_prefix(name)?.strip_prefix(": ").map(String::from))
-        };
-        let (Some(name), Some(data)) = (field("event"), field("data")) else {
-            assert!(block.starts_with(':'), "not an event: {block:?}");
-            continue;
-        };
-        let data: Value = serde_json::from_str(&data).unwrap();
-        assert_eq!(data["type"], name.as_str(), "{block}");
-        assert_eq!(data["sequence_number"], events.len(), "{block}");
-        events.push(data);
+    let events: Vec<Value> = named_events(&text)
+        .into_iter()
+        .map(|(_, data)| data)
+        .collect();
+    for (number, data) in events.iter().enumerate() {
+        assert_eq!(data["sequence_number"], number, "{data}");
     }
     events
 }

@@ -194,6 +194,34 @@ pub fn dechunk(mut body: &[u8]) -> Vec<u8> {
     }
 }
 
+/// The path of one of runtime's test chat templates (runtime/tests/data/chat-tools).
+pub fn template(name: &str) -> String {
+    format!(
+        "{}/../runtime/tests/data/chat-tools/{name}",
+        env!("CARGO_MANIFEST_DIR")
+    )
+}
+
+/// A stream's server-sent events as the Messages and Responses APIs name them: each one's
+/// `event:` name and its JSON data, checked to name the same `type`. Comments (a wait for a
+/// slot) are left out.
+pub fn named_events(text: &str) -> Vec<(String, Value)> {
+    let mut events = Vec::new();
+    for block in text.split("\n\n").filter(|b| !b.trim().is_empty()) {
+        let field = |name: &str| {
+            (block.lines()).find_map(|l| l.strip_prefix(name)?.strip_prefix(": ").map(String::from))
+        };
+        let (Some(name), Some(data)) = (field("event"), field("data")) else {
+            assert!(block.starts_with(':'), "not an event: {block:?}");
+            continue;
+        };
+        let data: Value = serde_json::from_str(&data).unwrap();
+        assert_eq!(data["type"], name.as_str(), "{block}");
+        events.push((name, data));
+    }
+    events
+}
+
 pub fn chat_body(prompt: &str, max_tokens: usize, stream: bool) -> Value {
     json!({
         "messages": [{"role": "user", "content": prompt}],

@@ -100,12 +100,13 @@ pub fn with_load_progress<T>(
 }
 
 /// `--draft`: `ngram` (prompt lookup), or the artifact directory of a draft model sharing
-/// the model's tokenizer, loaded with `weights` (and the generator's cache type and
-/// products), which then drafts for `generator`.
+/// the model's tokenizer, loaded with `weights` into `memory` (and the generator's cache
+/// type and products), which then drafts for `generator`.
 pub fn set_draft<B: runtime::model::backend::KernelBackend>(
     generator: &mut runtime::generate::Generator<B>,
     draft: &str,
     weights: runtime::weights::layout::Weights,
+    memory: runtime::weights::file::WeightsMemory,
 ) -> anyhow::Result<()> {
     use anyhow::Context;
     use runtime::generate::{Draft, Generator};
@@ -120,7 +121,7 @@ pub fn set_draft<B: runtime::model::backend::KernelBackend>(
         "--draft {draft:?} is neither ngram nor a directory holding a draft model's artifact"
     );
     let mut model = with_load_progress("loading the draft model", |progress| {
-        Generator::<B>::load_watched(dir, &Default::default(), weights, progress)
+        Generator::<B>::load_watched(dir, &Default::default(), weights, memory, progress)
     })
     .with_context(|| format!("cannot load the draft model in {}", dir.display()))?;
     model.kv_dtype = generator.kv_dtype;

@@ -252,16 +252,17 @@ fn perplexity_command_matches_transformers() {
 }
 
 /// `--weights`: the default and f32 give the same ids (the library test holds the logits
-/// to the bit); bf16 on the bf16-sourced artifact rounds nothing, so no note.
+/// to the bit); bf16 on the bf16-sourced artifact rounds nothing, so no note. `--no-mmap`
+/// (the weights copied into memory) gives the same ids too.
 #[test]
 fn weights_options_give_the_same_text() {
     let Some(dir) = artifact_dir() else { return };
-    let ids = |weights: &str| {
+    let ids = |options: &[&str]| {
         let out = greedy(
             &dir,
             "Once upon a time",
             "24",
-            &["--json", "--weights", weights],
+            &[&["--json"], options].concat(),
         );
         assert!(
             out.status.success(),
@@ -272,9 +273,10 @@ fn weights_options_give_the_same_text() {
         let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
         v["tokens"].clone()
     };
-    let auto = ids("auto");
-    assert_eq!(auto, ids("f32"));
-    assert_eq!(auto, ids("bf16"));
+    let auto = ids(&["--weights", "auto"]);
+    assert_eq!(auto, ids(&["--weights", "f32"]));
+    assert_eq!(auto, ids(&["--weights", "bf16"]));
+    assert_eq!(auto, ids(&["--no-mmap"]));
 }
 
 /// Every KV cache type generates (the same greedy text here, where no step is close), and

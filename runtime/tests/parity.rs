@@ -21,6 +21,7 @@ use runtime::generate::sampling::SamplingParams;
 use runtime::generate::{GenerateOptions, Generator, StopReason};
 use runtime::model::cache::KvDtype;
 use runtime::text::tokenizer::Tokenizer;
+use runtime::weights::file::WeightsMemory;
 use runtime::weights::layout::Weights;
 use runtime::{FlexBackend, NdArrayBackend};
 use serde::Deserialize;
@@ -334,6 +335,44 @@ fn bf16_weights_give_the_f32_results_bit_for_bit() {
     assert!(a.0 == b.0, "prefill logits differ");
     assert!(a.1 == b.1, "decoded logits differ");
     assert_eq!(a.2, b.2, "perplexity differs");
+}
+
+/// `--no-mmap`: the weights file copied into the process's memory gives the mapped
+/// model's logits to the bit (a 300-token prompt and 32 decoded tokens), and the loaded
+/// model keeps no map of the file.
+#[test]
+fn weights_copied_into_memory_give_the_mapped_results_bit_for_bit() {
+    let Some((mapped, _)) = model() else {
+        return;
+    };
+    let dir = artifact_dir().unwrap();
+    let maps_of_the_file = || {
+        let maps = std::fs::read_to_string("/proc/self/maps").unwrap();
+        maps.lines().filter(|l| l.ends_with("/weights.bin")).count()
+    };
+    let before = maps_of_the_file();
+    let (weights, progress) = (Weights::Auto, Default::default());
+    let copied = Generator::<FlexBackend>::load_watched(
+        &dir,
+        &Default::default(),
+        weights,
+        WeightsMemory::Copied,
+        &progress,
+    )
+    .unwrap();
+    assert_eq!(maps_of_the_file(), before, "the copy left the file mapped");
+    assert_eq!(progress.done(), progress.total());
+    let ids: PplIds = serde_json::from_str(include_str!("data/ppl_ids_transformers.json")).unwrap();
+    let bits = |v: Vec<f32>| v.into_iter().map(f32::to_bits).collect::<Vec<_>>();
+    let run = |g: &Generator<FlexBackend>| {
+        let mut cache = g.new_cache(332).unwrap();
+        let mut logits = bits(g.forward_logits(&ids.ids[..300], &mut cache, true).unwrap());
+        for &id in &ids.ids[300..332] {
+            logits.extend(bits(g.forward_logits(&[id], &mut cache, false).unwrap()));
+        }
+        logits
+    };
+    assert!(run(mapped) == run(&copied), "logits differ");
 }
 
 /// An f16 or bf16 KV cache rounds every key and value, so its results are not transformers'

@@ -18,6 +18,7 @@ use runtime::model::cache::KvDtype;
 use runtime::text::grammar::Grammar;
 use runtime::text::tokenizer::{ContentSpecials, Tokenizer};
 use runtime::util::files;
+use runtime::weights::file::WeightsMemory;
 use runtime::weights::layout::Weights;
 use runtime::{FlexBackend, NdArrayBackend};
 use serde_json::json;
@@ -74,6 +75,13 @@ struct CommonArgs {
     /// the bit; bf16 reads half the bytes.
     #[arg(long, default_value = "auto")]
     weights: Weights,
+    /// Copy the weights file into this process's memory (in 2 MiB pages) instead of
+    /// mapping it, as llama.cpp's --no-mmap: a slower start (about a second a GB) and no
+    /// page cache shared with other processes, but faster decoding on hosts whose page
+    /// cache reads slower than memory the process writes (some VMs: 1.5x at 1B on this
+    /// project's, docs/BENCHMARKS.md). Applies to weights.bin used as it is (--weights auto).
+    #[arg(long)]
+    no_mmap: bool,
     /// What the KV cache stores keys and values as: f32 (as transformers), f16 (as
     /// llama.cpp) or bf16. f16 and bf16 halve what decoding reads at long context, and round
     /// every key and value.
@@ -119,6 +127,13 @@ struct CommonArgs {
     /// '{"enable_thinking": false}' for Qwen3 to answer without thinking first.
     #[arg(long, value_name = "JSON", value_parser = template_kwargs)]
     chat_template_kwargs: Option<serde_json::Map<String, serde_json::Value>>,
+}
+
+impl CommonArgs {
+    /// Where the weights file lies once loaded.
+    fn memory(&self) -> WeightsMemory {
+        WeightsMemory::no_mmap(self.no_mmap)
+    }
 }
 
 /// `--chat-template-kwargs`: a JSON object.
@@ -491,13 +506,13 @@ fn load<B: KernelBackend>(common: &CommonArgs) -> Result<(Generator<B>, Tokenize
         bail!("--weights bf16 needs the flex backend");
     }
     let mut generator = cli::with_load_progress("loading the model", |progress| {
-        Generator::<B>::load_watched(dir, &device, common.weights, progress)
+        Generator::<B>::load_watched(dir, &device, common.weights, common.memory(), progress)
     })?;
     generator.kv_dtype = common.kv_cache;
     generator.matmul = common.matmul;
     generator.prefill = common.prefill;
     if let Some(draft) = &common.draft {
-        cli::set_draft(&mut generator, draft, common.draft_weights)?;
+        cli::set_draft(&mut generator, draft, common.draft_weights, common.memory())?;
     }
     // A rounding asked for by name that this CPU or these weights leave unused.
     let asked = match common.matmul {

@@ -21,6 +21,7 @@ use crate::text::grammar::{Constraint, Grammar, GrammarError, Grammars};
 use crate::text::tokenizer::{Tokenizer, TokenizerError};
 use crate::util::file_names::{GENERATION_CONFIG_FILE, POOLING_FILE};
 use crate::weights::artifact;
+use crate::weights::file::WeightsMemory;
 use crate::weights::layout::{Kept, Weights};
 use crate::weights::load::Progress;
 use crate::weights::manifest::ArtifactError;
@@ -221,19 +222,26 @@ impl<B: KernelBackend> Generator<B> {
         device: &B::Device,
         weights: Weights,
     ) -> Result<Self, GenerateError> {
-        Self::load_watched(dir, device, weights, &Progress::default())
+        Self::load_watched(
+            dir,
+            device,
+            weights,
+            WeightsMemory::Mapped,
+            &Progress::default(),
+        )
     }
 
-    /// [`Self::load_with`], counting each parameter made in `progress` (for a progress bar
-    /// drawn by another thread).
+    /// [`Self::load_with`], the weights file in `memory`, counting each parameter made in
+    /// `progress` (for a progress bar drawn by another thread).
     pub fn load_watched(
         dir: &Path,
         device: &B::Device,
         weights: Weights,
+        memory: WeightsMemory,
         progress: &Progress,
     ) -> Result<Self, GenerateError> {
         let (model, config, kept) =
-            artifact::load_model_watched::<B>(dir, device, weights, progress)?;
+            artifact::load_model_watched::<B>(dir, device, weights, memory, progress)?;
         let mut eos_ids = config.eos_token_ids.clone();
         // generation_config.json is optional; when present it may name more end tokens.
         let generation = GenerationConfig::from_file(&dir.join(GENERATION_CONFIG_FILE))?;

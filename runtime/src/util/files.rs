@@ -168,6 +168,31 @@ impl MappedFile {
     }
 }
 
+/// A copy of `bytes` in anonymous memory, asked for in 2 MiB pages (`MADV_HUGEPAGE`),
+/// read-only once written; `read` is told the bytes of each 64 MiB piece copied (the pieces
+/// are copied on every thread of the current rayon pool, each faulting in its own pages).
+///
+/// For weights that decode streams every token: in some VMs (this project's Firecracker
+/// hosts, with free page reporting) pages the host filled from disk read at two thirds the
+/// speed of memory the guest wrote itself (docs/BENCHMARKS.md, 2026-11-30).
+pub fn copy_to_memory(bytes: &[u8], read: impl Fn(u64) + Sync) -> std::io::Result<Mmap> {
+    const PIECE: usize = 64 << 20;
+    let mut copy = memmap2::MmapOptions::new()
+        .len(bytes.len().max(1))
+        .map_anon()?;
+    // SAFETY: advice on the whole of a live anonymous mapping this function owns; a
+    // refusal only costs speed.
+    unsafe { libc::madvise(copy.as_mut_ptr().cast(), copy.len(), libc::MADV_HUGEPAGE) };
+    use rayon::prelude::*;
+    (copy[..bytes.len()].par_chunks_mut(PIECE))
+        .zip(bytes.par_chunks(PIECE))
+        .for_each(|(to, from)| {
+            to.copy_from_slice(from);
+            read(from.len() as u64);
+        });
+    copy.make_read_only()
+}
+
 /// [`MappedFile::populate`] for `bytes`, the whole of a file mapping.
 ///
 /// # Safety

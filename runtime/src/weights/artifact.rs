@@ -10,7 +10,7 @@ use crate::model::llama::Llama;
 use crate::model::params::params;
 use crate::util::file_names::{BURNPACK_FILE, CONFIG_FILE, MODEL_FILE, WEIGHTS_FILE};
 use crate::weights::burnpack::Burnpack;
-use crate::weights::file::WeightsFile;
+use crate::weights::file::{WeightsFile, WeightsMemory};
 use crate::weights::layout::{Kept, Weights};
 use crate::weights::load::{Progress, Source, check_burnpack, check_laid_out, load_watched};
 use crate::weights::manifest::{ArtifactError, Manifest};
@@ -128,14 +128,22 @@ pub fn load_model_with<B: KernelBackend>(
     device: &B::Device,
     weights: Weights,
 ) -> Result<(Llama<B>, LlamaConfig, Kept), ArtifactError> {
-    load_model_watched(dir, device, weights, &Progress::default())
+    load_model_watched(
+        dir,
+        device,
+        weights,
+        WeightsMemory::Mapped,
+        &Progress::default(),
+    )
 }
 
-/// [`load_model_with`], counting each parameter made in `progress`.
+/// [`load_model_with`], the weights file in `memory`, counting each parameter made in
+/// `progress` (or the bytes copied, for [`WeightsMemory::Copied`]).
 pub fn load_model_watched<B: KernelBackend>(
     dir: &Path,
     device: &B::Device,
     weights: Weights,
+    memory: WeightsMemory,
     progress: &Progress,
 ) -> Result<(Llama<B>, LlamaConfig, Kept), ArtifactError> {
     let manifest = Manifest::read(dir)?;
@@ -154,7 +162,14 @@ pub fn load_model_watched<B: KernelBackend>(
         )
     };
     let (model, kept) = if manifest.file(WEIGHTS_FILE).is_some() {
-        let file = open_weights(dir, &manifest)?;
+        let mut file = open_weights(dir, &manifest)?;
+        // Only tensors used where they lie are worth a copy (as only they are populated
+        // in `load_watched`); others are read once to make their own buffers.
+        if memory == WeightsMemory::Copied && weights == Weights::Auto {
+            progress.start(file.size());
+            (file.copy_to_memory(|bytes| progress.add(bytes)))
+                .map_err(|message| weights_error(dir, message))?;
+        }
         // Every tensor is checked against config.json before any is used.
         load(Source::LaidOut(&file)).map_err(|message| weights_error(dir, message))?
     } else if manifest.file(BURNPACK_FILE).is_some() {

@@ -206,6 +206,29 @@ impl From<Form> for Dtype {
     }
 }
 
+/// Where a loaded model's weights file lies in memory.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum WeightsMemory {
+    /// Mapped: the page cache's pages, one copy shared by every process that maps the
+    /// file, loaded at once when the file is cached (docs/ARCHITECTURE.md, "Loading").
+    #[default]
+    Mapped,
+    /// Copied into the process's own memory in 2 MiB pages (llama.cpp's `--no-mmap`): a
+    /// slower start and no sharing, for hosts whose page cache reads slower than memory
+    /// the process writes ([`crate::util::files::copy_to_memory`]).
+    Copied,
+}
+
+impl WeightsMemory {
+    /// Copied with `no_mmap` (llama.cpp's flag), else mapped.
+    pub fn no_mmap(no_mmap: bool) -> Self {
+        match no_mmap {
+            true => Self::Copied,
+            false => Self::Mapped,
+        }
+    }
+}
+
 /// An open weights file: mapped, its index checked.
 pub struct WeightsFile {
     /// The whole file; each tensor handed out is a slice of it, which keeps the map alive.
@@ -248,6 +271,16 @@ impl WeightsFile {
     pub fn populate(&self, read: impl FnMut(u64)) {
         // SAFETY: `map` is the whole of the file's read-only private mapping.
         unsafe { crate::util::files::populate_mapped_watched(&self.map, read) }
+    }
+
+    /// Moves the file into the process's own memory ([`WeightsMemory::Copied`]), telling
+    /// `read` the bytes copied as it goes. Before any tensor is handed out: those made
+    /// earlier would keep the map.
+    pub fn copy_to_memory(&mut self, read: impl Fn(u64) + Sync) -> Result<(), String> {
+        let copy = crate::util::files::copy_to_memory(&self.map, read)
+            .map_err(|e| format!("cannot copy it into memory: {e}"))?;
+        self.map = bytes::Bytes::from_owner(copy);
+        Ok(())
     }
 
     /// The file's length in bytes.

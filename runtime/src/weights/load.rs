@@ -94,6 +94,17 @@ impl Progress {
     pub fn total(&self) -> u64 {
         self.total.load(Ordering::Relaxed)
     }
+
+    /// Starts counting afresh towards `total` bytes.
+    pub(crate) fn start(&self, total: u64) {
+        self.done.store(0, Ordering::Relaxed);
+        self.total.store(total, Ordering::Relaxed);
+    }
+
+    /// Counts `bytes` more done.
+    pub(crate) fn add(&self, bytes: u64) {
+        self.done.fetch_add(bytes, Ordering::Relaxed);
+    }
 }
 
 /// [`load_into`], counting the bytes of each parameter made in `progress`.
@@ -118,15 +129,12 @@ pub fn load_watched<B: KernelBackend>(
     // prompt takes no page faults: then the progress is that reading, else each tensor made.
     let populated = match source {
         Source::LaidOut(file) if weights == Weights::Auto => {
-            progress.total.store(file.size(), Ordering::Relaxed);
-            file.populate(|bytes| {
-                progress.done.fetch_add(bytes, Ordering::Relaxed);
-            });
+            progress.start(file.size());
+            file.populate(|bytes| progress.add(bytes));
             true
         }
         _ => {
-            let total = declared.iter().map(|p| source.stored_bytes(&p.path)).sum();
-            progress.total.store(total, Ordering::Relaxed);
+            progress.start(declared.iter().map(|p| source.stored_bytes(&p.path)).sum());
             false
         }
     };

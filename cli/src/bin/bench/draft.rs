@@ -6,10 +6,11 @@
 //! drafted tokens are checked to be the plain ones (speculation changes no token).
 
 use anyhow::{Result, bail};
+use runtime::generate::GenerateOptions;
 use runtime::generate::sampling::SamplingParams;
-use runtime::generate::{GenerateOptions, Generator};
 use runtime::model::backend::KernelBackend;
 use runtime::text::tokenizer::Tokenizer;
+use runtime::weights::file::WeightsMemory;
 use serde::{Deserialize, Serialize};
 
 use super::{Cli, Engine, alternate, child, llama_cpp, median};
@@ -57,11 +58,13 @@ pub struct DraftSample {
 
 /// The child's run: each task's answer plain, then drafted (the same tokens, or an error).
 pub fn measure<B: KernelBackend>(cli: &Cli, kind: &str) -> Result<Vec<DraftSample>> {
-    let mut generator =
-        Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
-    generator.kv_dtype = cli.kv_cache;
-    generator.matmul = cli.matmul;
-    cli::set_draft(&mut generator, kind, cli.draft_weights)?;
+    let mut generator = super::load::<B>(cli)?;
+    cli::set_draft(
+        &mut generator,
+        kind,
+        cli.draft_weights,
+        WeightsMemory::no_mmap(cli.no_mmap),
+    )?;
     let draft = generator.draft.take().expect("set_draft sets a drafter");
     let tokenizer = Tokenizer::from_dir(&cli.artifacts)?;
     let options = GenerateOptions {

@@ -34,7 +34,9 @@ use runtime::model::cache::KvDtype;
 use runtime::model::params::params;
 use runtime::text::grammar::{Constraint, Grammar, Grammars};
 use runtime::text::tokenizer::Tokenizer;
+use runtime::weights::file::WeightsMemory;
 use runtime::weights::layout::Weights;
+use runtime::weights::load::Progress;
 use runtime::{FlexBackend, NdArrayBackend};
 use serde::{Deserialize, Serialize};
 
@@ -110,6 +112,9 @@ struct Cli {
     /// With --draft DIR: how the draft model's weights are kept (see `runtime --help`).
     #[arg(long, default_value = "auto", requires = "draft")]
     draft_weights: Weights,
+    /// Copy the weights file into memory instead of mapping it (see `runtime --help`).
+    #[arg(long)]
+    no_mmap: bool,
     /// Write SVG figures from these files of the bench's JSON lines (comma-separated)
     /// into --figures, and measure nothing.
     #[arg(long, value_delimiter = ',', value_name = "JSONL")]
@@ -214,11 +219,7 @@ struct StreamSample {
 /// decoded together, the ids scripts/llamacpp_batched.py feeds (speed does not depend on
 /// which).
 fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
-    let mut generator =
-        Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
-    generator.kv_dtype = cli.kv_cache;
-    generator.matmul = cli.matmul;
-    generator.prefill = cli.prefill;
+    let generator = load::<B>(cli)?;
     let mut samples = Vec::new();
     for &n in &cli.streams {
         // The prompts one after another, as `runtime serve` prefills them: each one's first
@@ -450,12 +451,25 @@ fn tokens(n: usize) -> Vec<u32> {
     (0..n).map(|i| ((i * 7919) % 40000 + 100) as u32).collect()
 }
 
-fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
-    let mut generator =
-        Generator::<B>::load_with(&cli.artifacts, &Default::default(), cli.weights)?;
+/// The model as `cli` asks: its weights, where they lie, its cache type, products and
+/// prompts.
+fn load<B: KernelBackend>(cli: &Cli) -> Result<Generator<B>> {
+    let (weights, progress) = (cli.weights, Progress::default());
+    let mut generator = Generator::<B>::load_watched(
+        &cli.artifacts,
+        &Default::default(),
+        weights,
+        WeightsMemory::no_mmap(cli.no_mmap),
+        &progress,
+    )?;
     generator.kv_dtype = cli.kv_cache;
     generator.matmul = cli.matmul;
     generator.prefill = cli.prefill;
+    Ok(generator)
+}
+
+fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
+    let generator = load::<B>(cli)?;
     let load_s = started.elapsed().as_secs_f64();
     // Checked before any measuring, so a depth that cannot run fails at once.
     let depth = cli.depth;
@@ -778,6 +792,7 @@ fn child<T: serde::de::DeserializeOwned>(
         .args(["--kv-cache", &cli.kv_cache.to_string()])
         .args(["--matmul", &cli.matmul.to_string()])
         .args(["--prefill", &cli.prefill.to_string()])
+        .args(cli.no_mmap.then_some("--no-mmap"))
         .args((cli.temperature.iter()).flat_map(|t| ["--temperature".to_string(), t.to_string()]))
         .args(extra)
         .output()?;

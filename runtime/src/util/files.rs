@@ -177,12 +177,7 @@ impl MappedFile {
 /// speed of memory the guest wrote itself (docs/BENCHMARKS.md, 2026-11-30).
 pub fn copy_to_memory(bytes: &[u8], read: impl Fn(u64) + Sync) -> std::io::Result<Mmap> {
     const PIECE: usize = 64 << 20;
-    let mut copy = memmap2::MmapOptions::new()
-        .len(bytes.len().max(1))
-        .map_anon()?;
-    // SAFETY: advice on the whole of a live anonymous mapping this function owns; a
-    // refusal only costs speed.
-    unsafe { libc::madvise(copy.as_mut_ptr().cast(), copy.len(), libc::MADV_HUGEPAGE) };
+    let mut copy = huge_page_memory(bytes.len())?;
     use rayon::prelude::*;
     (copy[..bytes.len()].par_chunks_mut(PIECE))
         .zip(bytes.par_chunks(PIECE))
@@ -191,6 +186,24 @@ pub fn copy_to_memory(bytes: &[u8], read: impl Fn(u64) + Sync) -> std::io::Resul
             read(from.len() as u64);
         });
     copy.make_read_only()
+}
+
+/// `len` bytes (at least one) of zeroed anonymous memory, asked for in 2 MiB pages
+/// (`MADV_HUGEPAGE`; THP is `madvise` on many hosts, this project's too): how weights that
+/// decoding streams are best kept, and what a probe of the rate they can be read at
+/// should read.
+pub fn huge_page_memory(len: usize) -> std::io::Result<memmap2::MmapMut> {
+    let mut memory = memmap2::MmapOptions::new().len(len.max(1)).map_anon()?;
+    // SAFETY: advice on the whole of a live anonymous mapping this function owns; a
+    // refusal only costs speed.
+    unsafe {
+        libc::madvise(
+            memory.as_mut_ptr().cast(),
+            memory.len(),
+            libc::MADV_HUGEPAGE,
+        )
+    };
+    Ok(memory)
 }
 
 /// [`MappedFile::populate`] for `bytes`, the whole of a file mapping.

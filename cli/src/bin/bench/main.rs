@@ -368,7 +368,7 @@ fn parent_streams(cli: &Cli) -> Result<()> {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     let threads = cli.threads.first().copied().unwrap_or(cores);
     let (date, load_average, host) = (utc_now(), load_average(), host(cores));
-    let bandwidth = read_bandwidth_gb_s(cores);
+    let bandwidth = read_bandwidth_gb_s(cores)?;
     eprintln!(
         "read bandwidth: {bandwidth:.1} GB/s ({cores} threads, best of 5 passes over 1 GiB, 8 streams a thread)"
     );
@@ -623,7 +623,7 @@ fn parent(cli: &Cli) -> Result<()> {
         cli.threads.clone()
     };
     let (date, load_average, host) = (utc_now(), load_average(), host(cores));
-    let bandwidth = read_bandwidth_gb_s(cores);
+    let bandwidth = read_bandwidth_gb_s(cores)?;
     eprintln!(
         "read bandwidth: {bandwidth:.1} GB/s ({cores} threads, best of 5 passes over 1 GiB, 8 streams a thread)"
     );
@@ -644,7 +644,7 @@ fn parent(cli: &Cli) -> Result<()> {
     )?;
     // The bound takes memory at its fastest over the bench: the host's other guests change
     // what it delivers within minutes, and a reading low by chance would overstate decode.
-    let after = read_bandwidth_gb_s(cores);
+    let after = read_bandwidth_gb_s(cores)?;
     eprintln!("read bandwidth after the runs: {after:.1} GB/s (the bound takes the higher)");
     let bandwidth = bandwidth.max(after);
     // With --temperature, a column for tg128 with sampled tokens (ours only).
@@ -847,14 +847,21 @@ fn host(cores: usize) -> serde_json::Value {
 }
 
 /// Streaming read bandwidth: `threads` threads each sum their share of a 1 GiB buffer, far
-/// larger than any cache, as the weight kernels read a weight (`kernels::simd::sum_streams`:
-/// eight rows far apart, prefetched, at the kernels' widest loads); best of 5 passes. A
-/// probe that read one stream, or compiled for baseline x86-64, measured less than
-/// decoding draws (decode printed up to 118% of its bound).
-fn read_bandwidth_gb_s(threads: usize) -> f64 {
+/// larger than any cache, in 2 MiB pages as loaded weights lie, as the weight kernels read a
+/// weight (`kernels::simd::sum_streams`: eight rows far apart, prefetched, at the kernels'
+/// widest loads); best of 5 passes. A probe that read one stream, or compiled for baseline
+/// x86-64, measured less than decoding draws (decode printed up to 118% of its bound), and
+/// so did one over 4 KiB pages on a host where those read at half the speed (2026-11-30).
+fn read_bandwidth_gb_s(threads: usize) -> Result<f64> {
     use kernels::simd::{STREAMS, sum_streams};
     let words = (1usize << 30) / 8;
-    let buffer: Vec<u64> = (0..words as u64).collect();
+    let mut memory = runtime::util::files::huge_page_memory(words * 8)
+        .context("cannot map 1 GiB for the bandwidth probe")?;
+    // SAFETY: the map is page-aligned and `words * 8` bytes long, and any bits are a u64.
+    let buffer: &mut [u64] =
+        unsafe { std::slice::from_raw_parts_mut(memory.as_mut_ptr().cast(), words) };
+    (buffer.iter_mut().zip(0u64..)).for_each(|(word, i)| *word = i);
+    let buffer: &[u64] = buffer;
     let chunk = words.div_ceil(threads);
     // A share's words as eight streams, and what is left past them.
     let sum_part = |part: &[u64]| -> u64 {
@@ -877,5 +884,5 @@ fn read_bandwidth_gb_s(threads: usize) -> f64 {
         std::hint::black_box(total);
         best = best.max((words * 8) as f64 / t.elapsed().as_secs_f64() / 1e9);
     }
-    best
+    Ok(best)
 }

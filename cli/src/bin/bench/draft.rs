@@ -206,6 +206,7 @@ pub fn parent(cli: &Cli, draft: &str, threads: usize) -> Result<()> {
                 "runs": cli.runs, "tokens": tokens, "plain_tok_s": plain,
                 "drafted_tok_s": drafted, "draft": draft, "proposed": proposed, "kept": kept,
                 "weights": cli.weights.to_string(), "matmul": cli.matmul.to_string(),
+                "mmap": !cli.no_mmap,
             }));
         }
     }

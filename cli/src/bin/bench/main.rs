@@ -417,10 +417,11 @@ fn parent_streams(cli: &Cli) -> Result<()> {
         let aggregate = |n: usize| med(n, |s| s.aggregate_tok_s);
         // How our runs kept weights and cache; llama.cpp's are the GGUF's and its own.
         let ours = matches!(engine, Engine::Ours(_));
-        let (weights, kv_cache, matmul) = (
+        let (weights, kv_cache, matmul, mmap) = (
             ours.then(|| cli.weights.to_string()),
             ours.then(|| cli.kv_cache.to_string()),
             ours.then(|| cli.matmul.to_string()),
+            ours.then_some(!cli.no_mmap),
         );
         let one = cli.streams.contains(&1).then(|| aggregate(1));
         for &n in &cli.streams {
@@ -434,7 +435,8 @@ fn parent_streams(cli: &Cli) -> Result<()> {
             json_lines.push(serde_json::json!({
                 "engine": name, "kind": engine.kind(), "threads": threads, "runs": cli.runs,
                 "streams": n, "aggregate_tok_s": total, "ttft_ms": ttft_ms, "weights": weights,
-                "kv_cache": kv_cache, "matmul": matmul, "read_bandwidth_gb_s": bandwidth,
+                "kv_cache": kv_cache, "matmul": matmul, "mmap": mmap,
+                "read_bandwidth_gb_s": bandwidth,
                 "temperature": cli.temperature,
                 "host": host, "date": date, "load_average": load_average,
             }));
@@ -686,10 +688,11 @@ fn parent(cli: &Cli) -> Result<()> {
         let shown = percent.map_or("-".to_string(), |p| format!("{p:.0}%"));
         // How our runs kept weights and cache; llama.cpp's are the GGUF's and its own.
         let ours = matches!(engine, Engine::Ours(_));
-        let (weights, kv_cache, matmul) = (
+        let (weights, kv_cache, matmul, mmap) = (
             ours.then(|| cli.weights.to_string()),
             ours.then(|| cli.kv_cache.to_string()),
             ours.then(|| cli.matmul.to_string()),
+            ours.then_some(!cli.no_mmap),
         );
         println!(
             "| {name} | {threads} | {load:.2} | {pp128:.1} | {pp512:.1} | {tg128:.1} |{sampled_cell} {shown} | {rss:.0} |",
@@ -698,7 +701,7 @@ fn parent(cli: &Cli) -> Result<()> {
             "engine": name, "threads": threads, "runs": cli.runs, "load_s": load,
             "pp128_tok_s": pp128, "pp512_tok_s": pp512, "tg128_tok_s": tg128, "depth": cli.depth,
             "tg128_sampled_tok_s": tg128_sampled, "temperature": cli.temperature,
-            "weights": weights, "kv_cache": kv_cache, "matmul": matmul,
+            "weights": weights, "kv_cache": kv_cache, "matmul": matmul, "mmap": mmap,
             "peak_rss_mb": rss, "read_bandwidth_gb_s": bandwidth, "host": host,
             "tg_bound_tok_s": bound, "tg_percent_of_bound": percent, "kind": engine.kind(),
             "date": date, "load_average": load_average,

@@ -233,6 +233,8 @@ impl WeightsMemory {
 pub struct WeightsFile {
     /// The whole file; each tensor handed out is a slice of it, which keeps the map alive.
     map: bytes::Bytes,
+    /// Where `map` lies: the file's mapping, or a copy ([`Self::copy_to_memory`]).
+    memory: WeightsMemory,
     index: Index,
     by_path: HashMap<String, usize>,
     data_start: usize,
@@ -260,6 +262,7 @@ impl WeightsFile {
             index,
             by_path,
             data_start,
+            memory: WeightsMemory::Mapped,
         })
     }
 
@@ -267,10 +270,15 @@ impl WeightsFile {
     /// as it goes, for a loader that uses the tensors where they lie: no page faults in the
     /// first prompt. Not for one that converts them (quantizing at load), which reads each
     /// tensor once and drops its pages: populating first would hold the whole file in
-    /// memory beside what it makes.
-    pub fn populate(&self, read: impl FnMut(u64)) {
-        // SAFETY: `map` is the whole of the file's read-only private mapping.
-        unsafe { crate::util::files::populate_mapped_watched(&self.map, read) }
+    /// memory beside what it makes. A copy in memory has every page already.
+    pub fn populate(&self, mut read: impl FnMut(u64)) {
+        match self.memory {
+            WeightsMemory::Copied => read(self.size()),
+            // SAFETY: `map` is the whole of the file's read-only private mapping.
+            WeightsMemory::Mapped => unsafe {
+                crate::util::files::populate_mapped_watched(&self.map, read)
+            },
+        }
     }
 
     /// Moves the file into the process's own memory ([`WeightsMemory::Copied`]), telling
@@ -280,6 +288,7 @@ impl WeightsFile {
         let copy = crate::util::files::copy_to_memory(&self.map, read)
             .map_err(|e| format!("cannot copy it into memory: {e}"))?;
         self.map = bytes::Bytes::from_owner(copy);
+        self.memory = WeightsMemory::Copied;
         Ok(())
     }
 

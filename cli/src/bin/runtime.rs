@@ -76,10 +76,10 @@ struct CommonArgs {
     #[arg(long, default_value = "auto")]
     weights: Weights,
     /// Copy the weights file into this process's memory (in 2 MiB pages) instead of
-    /// mapping it, as llama.cpp's --no-mmap: a slower start (about a second a GB) and no
-    /// page cache shared with other processes, but faster decoding on hosts whose page
-    /// cache reads slower than memory the process writes (some VMs: 1.5x at 1B on this
-    /// project's, docs/BENCHMARKS.md). Applies to weights.bin used as it is (--weights auto).
+    /// mapping it, as llama.cpp's --no-mmap: a slower start and no page cache shared with
+    /// other processes, but faster decoding on hosts whose page cache reads slower than
+    /// memory the process writes (some VMs; see README and docs/BENCHMARKS.md). Applies to
+    /// weights.bin used as it is (--weights auto).
     #[arg(long)]
     no_mmap: bool,
     /// What the KV cache stores keys and values as: f32 (as transformers), f16 (as

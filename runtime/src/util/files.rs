@@ -173,8 +173,8 @@ impl MappedFile {
 /// are copied on every thread of the current rayon pool, each faulting in its own pages).
 ///
 /// For weights that decode streams every token: in some VMs (this project's Firecracker
-/// hosts, with free page reporting) pages the host filled from disk read at two thirds the
-/// speed of memory the guest wrote itself (docs/BENCHMARKS.md, 2026-11-30).
+/// hosts, with free page reporting) pages the host filled from disk read slower than
+/// memory the guest wrote itself (docs/BENCHMARKS.md, 2026-11-30).
 pub fn copy_to_memory(bytes: &[u8], read: impl Fn(u64) + Sync) -> std::io::Result<Mmap> {
     const PIECE: usize = 64 << 20;
     let mut copy = huge_page_memory(bytes.len())?;

@@ -853,8 +853,9 @@ fn host(cores: usize) -> serde_json::Value {
 /// larger than any cache, in 2 MiB pages as loaded weights lie, as the weight kernels read a
 /// weight (`kernels::simd::sum_streams`: eight rows far apart, prefetched, at the kernels'
 /// widest loads); best of 5 passes. A probe that read one stream, or compiled for baseline
-/// x86-64, measured less than decoding draws (decode printed up to 118% of its bound), and
-/// so did one over 4 KiB pages on a host where those read at half the speed (2026-11-30).
+/// x86-64, measured less than decoding draws (decode printed over 100% of its bound), and
+/// so did one over 4 KiB pages on a host where those read slower (docs/BENCHMARKS.md,
+/// 2026-11-30).
 fn read_bandwidth_gb_s(threads: usize) -> Result<f64> {
     use kernels::simd::{STREAMS, sum_streams};
     let words = (1usize << 30) / 8;

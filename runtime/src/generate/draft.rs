@@ -160,8 +160,9 @@ impl Drafter {
 
     /// Learns that `accepted` of the `drafted` tokens just proposed were kept: prompt
     /// lookup's next draft is longer after a whole one was kept, as long as what was kept
-    /// and one more otherwise; and drafting pauses while the mean kept is below [`PAYS_OFF`], or, once
-    /// a draft model's steps are timed, while they make tokens slower than plain steps.
+    /// and one more otherwise; and drafting pauses while the mean kept is below
+    /// [`PAYS_OFF`], or, once a draft model's steps are timed, while they make tokens
+    /// slower than plain steps.
     pub fn learn(&mut self, drafted: usize, accepted: usize) {
         if drafted == 0 {
             return;

@@ -456,13 +456,12 @@ fn tokens(n: usize) -> Vec<u32> {
 /// The model as `cli` asks: its weights, where they lie, its cache type, products and
 /// prompts.
 fn load<B: KernelBackend>(cli: &Cli) -> Result<Generator<B>> {
-    let (weights, progress) = (cli.weights, Progress::default());
     let mut generator = Generator::<B>::load_watched(
         &cli.artifacts,
         &Default::default(),
-        weights,
+        cli.weights,
         WeightsMemory::no_mmap(cli.no_mmap),
-        &progress,
+        &Progress::default(),
     )?;
     generator.kv_dtype = cli.kv_cache;
     generator.matmul = cli.matmul;

@@ -252,8 +252,9 @@ fn perplexity_command_matches_transformers() {
 }
 
 /// `--weights`: the default and f32 give the same ids (the library test holds the logits
-/// to the bit); bf16 on the bf16-sourced artifact rounds nothing, so no note. `--no-mmap`
-/// (the weights copied into memory) gives the same ids too.
+/// to the bit); bf16 on the bf16-sourced artifact rounds nothing, so no note. `--mmap` (the
+/// weights file mapped) and `--no-mmap` (read into memory) give the same ids too; both at
+/// once are refused.
 #[test]
 fn weights_options_give_the_same_text() {
     let Some(dir) = artifact_dir() else { return };
@@ -277,6 +278,11 @@ fn weights_options_give_the_same_text() {
     assert_eq!(auto, ids(&["--weights", "f32"]));
     assert_eq!(auto, ids(&["--weights", "bf16"]));
     assert_eq!(auto, ids(&["--no-mmap"]));
+    assert_eq!(auto, ids(&["--mmap"]));
+    let both = greedy(&dir, "Once upon a time", "4", &["--mmap", "--no-mmap"]);
+    assert!(!both.status.success());
+    let stderr = String::from_utf8_lossy(&both.stderr);
+    assert!(stderr.contains("cannot be used with"), "{stderr}");
 }
 
 /// Every KV cache type generates (the same greedy text here, where no step is close), and

@@ -75,11 +75,16 @@ struct CommonArgs {
     /// the bit; bf16 reads half the bytes.
     #[arg(long, default_value = "auto")]
     weights: Weights,
-    /// Copy the weights file into this process's memory (in 2 MiB pages) instead of
-    /// mapping it, as llama.cpp's --no-mmap: a slower start and no page cache shared with
-    /// other processes, but faster decoding on hosts whose page cache reads slower than
-    /// memory the process writes (some VMs; see README and docs/BENCHMARKS.md). Applies to
-    /// weights.bin used as it is (--weights auto).
+    /// Map the weights file instead of reading it into this process's memory (as llama.cpp
+    /// does by default): a start in milliseconds from a cached file and one page cache
+    /// shared by every process of the machine (replicas of a server), at the cost of
+    /// decoding on some hosts, whose page cache reads slower than the process's own
+    /// memory (see README). By default a file that takes at most half the memory
+    /// available is read into memory in 2 MiB pages, and a larger one mapped.
+    #[arg(long, conflicts_with = "no_mmap")]
+    mmap: bool,
+    /// Read the weights file into memory whatever its size (llama.cpp's --no-mmap).
+    /// Both apply to weights.bin used as it is (--weights auto).
     #[arg(long)]
     no_mmap: bool,
     /// What the KV cache stores keys and values as: f32 (as transformers), f16 (as
@@ -132,7 +137,7 @@ struct CommonArgs {
 impl CommonArgs {
     /// Where the weights file lies once loaded.
     fn memory(&self) -> WeightsMemory {
-        WeightsMemory::no_mmap(self.no_mmap)
+        WeightsMemory::from_flags(self.mmap, self.no_mmap)
     }
 }
 

@@ -226,7 +226,7 @@ impl<B: KernelBackend> Generator<B> {
             dir,
             device,
             weights,
-            WeightsMemory::Mapped,
+            WeightsMemory::default(),
             &Progress::default(),
         )
     }

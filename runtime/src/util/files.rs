@@ -111,6 +111,7 @@ pub fn open_regular(path: &Path) -> Result<std::fs::File, FileError> {
 /// A regular file mapped read-only into memory.
 pub struct MappedFile {
     map: Mmap,
+    file: std::fs::File,
 }
 
 impl MappedFile {
@@ -127,11 +128,16 @@ impl MappedFile {
             path: path.to_path_buf(),
             error,
         })?;
-        Ok(Self { map })
+        Ok(Self { map, file })
     }
 
     pub fn bytes(&self) -> &[u8] {
         &self.map
+    }
+
+    /// The open file, to read it other than through the map ([`read_to_memory`]).
+    pub fn file(&self) -> &std::fs::File {
+        &self.file
     }
 
     /// Maps every page of the file into this process now, in huge pages where the kernel
@@ -168,23 +174,30 @@ impl MappedFile {
     }
 }
 
-/// A copy of `bytes` in anonymous memory, asked for in 2 MiB pages (`MADV_HUGEPAGE`),
-/// read-only once written; `read` is told the bytes of each 64 MiB piece copied (the pieces
-/// are copied on every thread of the current rayon pool, each faulting in its own pages).
+/// The first `len` bytes of `file`, read into anonymous memory asked for in 2 MiB pages
+/// (`MADV_HUGEPAGE`), read-only once written; `read` is told the bytes of each 64 MiB piece
+/// (the pieces are read on every thread of the current rayon pool, each faulting in its
+/// own pages). Read with `pread`, not through a map: the process holds the copy alone,
+/// never the file's pages beside it, and the page cache keeps the file for the next start.
 ///
 /// For weights that decode streams every token: in some VMs (this project's Firecracker
 /// hosts, with free page reporting) pages the host filled from disk read slower than
 /// memory the guest wrote itself (docs/BENCHMARKS.md, 2026-11-30).
-pub fn copy_to_memory(bytes: &[u8], read: impl Fn(u64) + Sync) -> std::io::Result<Mmap> {
-    const PIECE: usize = 64 << 20;
-    let mut copy = huge_page_memory(bytes.len())?;
+pub fn read_to_memory(
+    file: &std::fs::File,
+    len: usize,
+    read: impl Fn(u64) + Sync,
+) -> std::io::Result<Mmap> {
     use rayon::prelude::*;
-    (copy[..bytes.len()].par_chunks_mut(PIECE))
-        .zip(bytes.par_chunks(PIECE))
-        .for_each(|(to, from)| {
-            to.copy_from_slice(from);
-            read(from.len() as u64);
-        });
+    use std::os::unix::fs::FileExt;
+    const PIECE: usize = 64 << 20;
+    let mut copy = huge_page_memory(len)?;
+    (copy[..len].par_chunks_mut(PIECE).enumerate()).try_for_each(|(i, to)| {
+        // A file cut short since it was measured ends in an error here, not in zeros.
+        file.read_exact_at(to, (i * PIECE) as u64)?;
+        read(to.len() as u64);
+        Ok::<_, std::io::Error>(())
+    })?;
     copy.make_read_only()
 }
 
@@ -304,6 +317,27 @@ mod tests {
         }
         let missing = read_bounded(&tmp.path().join("missing"), 1).unwrap_err();
         assert!(missing.is_not_found());
+    }
+
+    /// Every byte read in the right place, across pieces read on several threads; a file
+    /// shorter than asked is an error, not zeros.
+    #[test]
+    fn a_file_read_into_memory_is_its_bytes() {
+        let tmp = tempfile::tempdir().unwrap();
+        let path = tmp.path().join("weights");
+        let len = (64 << 20) * 2 + 12345; // three pieces, the last short
+        let bytes: Vec<u8> = (0..len).map(|i| (i * 7 + i / 4099) as u8).collect();
+        std::fs::write(&path, &bytes).unwrap();
+        let file = std::fs::File::open(&path).unwrap();
+        let read = std::sync::atomic::AtomicU64::new(0);
+        let copy = read_to_memory(&file, len, |n| {
+            read.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+        })
+        .unwrap();
+        assert!(copy[..] == bytes[..]);
+        assert_eq!(read.into_inner(), len as u64);
+        let err = read_to_memory(&file, len + 1, |_| ()).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::UnexpectedEof);
     }
 
     #[test]

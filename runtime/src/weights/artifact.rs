@@ -49,12 +49,27 @@ fn check_parameter_count(
 
 /// The artifact's weights file mapped, its index checked, and laid out from the record the
 /// manifest lists.
-fn open_weights(dir: &Path, manifest: &Manifest) -> Result<WeightsFile, ArtifactError> {
+fn open_weights(
+    dir: &Path,
+    manifest: &Manifest,
+    memory: WeightsMemory,
+    progress: &Progress,
+) -> Result<WeightsFile, ArtifactError> {
     let corrupt = |message| {
         let message = format!("the file is corrupt ({message}); run `converter verify`");
         weights_error(dir, message)
     };
-    let file = WeightsFile::open(&dir.join(WEIGHTS_FILE)).map_err(corrupt)?;
+    // Resolved here once, so that the progress counts what the file will do.
+    let bytes = manifest.file(WEIGHTS_FILE).map_or(0, |f| f.bytes);
+    let memory = match memory.copies(bytes) {
+        true => WeightsMemory::Copied,
+        false => WeightsMemory::Mapped,
+    };
+    if memory == WeightsMemory::Copied {
+        progress.start(bytes);
+    }
+    let path = dir.join(WEIGHTS_FILE);
+    let file = WeightsFile::open_in(&path, memory, |bytes| progress.add(bytes)).map_err(corrupt)?;
     // A read manifest lists the record.
     let record = manifest.file(MODEL_FILE);
     let (bytes, sha256) = record.map_or((0, ""), |f| (f.bytes, f.sha256.as_str()));
@@ -82,7 +97,7 @@ pub fn check_weights_file(
         return Ok(());
     }
     check_parameter_count(dir, manifest, config)?;
-    let file = open_weights(dir, manifest)?;
+    let file = open_weights(dir, manifest, WeightsMemory::Mapped, &Progress::default())?;
     let model = config.init::<crate::FlexBackend>(&Default::default());
     check_laid_out(&file, &params(&model), config.tie_word_embeddings)
         .map_err(|message| weights_error(dir, message))
@@ -132,7 +147,7 @@ pub fn load_model_with<B: KernelBackend>(
         dir,
         device,
         weights,
-        WeightsMemory::Mapped,
+        WeightsMemory::default(),
         &Progress::default(),
     )
 }
@@ -162,14 +177,13 @@ pub fn load_model_watched<B: KernelBackend>(
         )
     };
     let (model, kept) = if manifest.file(WEIGHTS_FILE).is_some() {
-        let mut file = open_weights(dir, &manifest)?;
         // Only tensors used where they lie are worth a copy (as only they are populated
         // in `load_watched`); others are read once to make their own buffers.
-        if memory == WeightsMemory::Copied && weights == Weights::Auto {
-            progress.start(file.size());
-            (file.copy_to_memory(|bytes| progress.add(bytes)))
-                .map_err(|message| weights_error(dir, message))?;
-        }
+        let memory = match weights {
+            Weights::Auto if B::BF16_WEIGHTS => memory,
+            _ => WeightsMemory::Mapped,
+        };
+        let file = open_weights(dir, &manifest, memory, progress)?;
         // Every tensor is checked against config.json before any is used.
         load(Source::LaidOut(&file)).map_err(|message| weights_error(dir, message))?
     } else if manifest.file(BURNPACK_FILE).is_some() {

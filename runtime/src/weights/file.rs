@@ -209,22 +209,39 @@ impl From<Form> for Dtype {
 /// Where a loaded model's weights file lies in memory.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum WeightsMemory {
+    /// Read into the process's memory when the file takes at most half the memory
+    /// available, else mapped ([`Self::resolve`]).
+    #[default]
+    Auto,
     /// Mapped: the page cache's pages, one copy shared by every process that maps the
     /// file, loaded at once when the file is cached (docs/ARCHITECTURE.md, "Loading").
-    #[default]
     Mapped,
-    /// Copied into the process's own memory in 2 MiB pages (llama.cpp's `--no-mmap`): a
-    /// slower start and no sharing, for hosts whose page cache reads slower than memory
-    /// the process writes ([`crate::util::files::copy_to_memory`]).
+    /// Read into the process's own memory in 2 MiB pages (llama.cpp's `--no-mmap`): a
+    /// slower start and no sharing, and decoding that reads its weights as fast as the
+    /// host's memory allows, where a page cache filled from disk can read slower
+    /// ([`crate::util::files::read_to_memory`]).
     Copied,
 }
 
 impl WeightsMemory {
-    /// Copied with `no_mmap` (llama.cpp's flag), else mapped.
-    pub fn no_mmap(no_mmap: bool) -> Self {
-        match no_mmap {
-            true => Self::Copied,
-            false => Self::Mapped,
+    /// From llama.cpp's flags: `--mmap` maps, `--no-mmap` copies, neither chooses.
+    pub fn from_flags(mmap: bool, no_mmap: bool) -> Self {
+        match (mmap, no_mmap) {
+            (true, _) => Self::Mapped,
+            (_, true) => Self::Copied,
+            _ => Self::Auto,
+        }
+    }
+
+    /// Whether a file of `bytes` is read into memory: [`Self::Auto`] reads it if it takes
+    /// at most half the memory available now (`MemAvailable`), and maps it otherwise, so
+    /// that a model larger than memory still runs from the page cache.
+    pub fn copies(self, bytes: u64) -> bool {
+        match self {
+            Self::Auto => crate::model::cache::available_memory()
+                .is_some_and(|available| bytes <= available / 2),
+            Self::Mapped => false,
+            Self::Copied => true,
         }
     }
 }
@@ -233,8 +250,8 @@ impl WeightsMemory {
 pub struct WeightsFile {
     /// The whole file; each tensor handed out is a slice of it, which keeps the map alive.
     map: bytes::Bytes,
-    /// Where `map` lies: the file's mapping, or a copy ([`Self::copy_to_memory`]).
-    memory: WeightsMemory,
+    /// Whether `map` is the file's mapping, not a copy ([`Self::open_in`]).
+    mapped: bool,
     index: Index,
     by_path: HashMap<String, usize>,
     data_start: usize,
@@ -242,27 +259,51 @@ pub struct WeightsFile {
 
 impl WeightsFile {
     /// Maps `path` and checks its header and index: every tensor within the file, aligned,
-    /// in order and not overlapping, its length what its shape and dtype need.
+    /// in order and not overlapping, its length what its shape and dtype need; and every
+    /// block's scales.
     pub fn open(path: &Path) -> Result<Self, String> {
+        Self::open_in(path, WeightsMemory::Mapped, |_| ())
+    }
+
+    /// [`Self::open`] with the tensors in `memory` ([`WeightsMemory::copies`]): over the
+    /// map, or read into the process's own memory ([`crate::util::files::read_to_memory`];
+    /// `read` is told the bytes of each piece read), the map then dropped. The blocks'
+    /// scales are checked in the memory the tensors will be read from, so a copy reads the
+    /// file once.
+    pub fn open_in(
+        path: &Path,
+        memory: WeightsMemory,
+        read: impl Fn(u64) + Sync,
+    ) -> Result<Self, String> {
         let file = MappedFile::open(path).map_err(|e| e.to_string())?;
         // The map starts on a page; a tensor's alignment within the file is its alignment.
         if !(file.bytes().as_ptr() as usize).is_multiple_of(ALIGN) {
             return Err(format!("the map does not start on a {ALIGN}-byte boundary"));
         }
         let (index, data_start) = parse(file.bytes())?;
-        let map = bytes::Bytes::from_owner(file);
         let mut by_path = HashMap::new();
         for (i, entry) in index.tensors.iter().enumerate() {
             if by_path.insert(entry.path.clone(), i).is_some() {
                 return Err(format!("{} is listed twice", entry.path));
             }
         }
+        let len = file.bytes().len();
+        let mapped = !memory.copies(len as u64);
+        let map = match mapped {
+            true => bytes::Bytes::from_owner(file),
+            false => {
+                let copy = crate::util::files::read_to_memory(file.file(), len, read)
+                    .map_err(|e| format!("cannot read it into memory: {e}"))?;
+                bytes::Bytes::from_owner(copy)
+            }
+        };
+        check_all_scales(&index, data_start, &map)?;
         Ok(Self {
             map,
             index,
             by_path,
             data_start,
-            memory: WeightsMemory::Mapped,
+            mapped,
         })
     }
 
@@ -272,24 +313,16 @@ impl WeightsFile {
     /// tensor once and drops its pages: populating first would hold the whole file in
     /// memory beside what it makes. A copy in memory has every page already.
     pub fn populate(&self, mut read: impl FnMut(u64)) {
-        match self.memory {
-            WeightsMemory::Copied => read(self.size()),
+        match self.mapped {
             // SAFETY: `map` is the whole of the file's read-only private mapping.
-            WeightsMemory::Mapped => unsafe {
-                crate::util::files::populate_mapped_watched(&self.map, read)
-            },
+            true => unsafe { crate::util::files::populate_mapped_watched(&self.map, read) },
+            false => read(self.size()),
         }
     }
 
-    /// Moves the file into the process's own memory ([`WeightsMemory::Copied`]), telling
-    /// `read` the bytes copied as it goes. Before any tensor is handed out: those made
-    /// earlier would keep the map.
-    pub fn copy_to_memory(&mut self, read: impl Fn(u64) + Sync) -> Result<(), String> {
-        let copy = crate::util::files::copy_to_memory(&self.map, read)
-            .map_err(|e| format!("cannot copy it into memory: {e}"))?;
-        self.map = bytes::Bytes::from_owner(copy);
-        self.memory = WeightsMemory::Copied;
-        Ok(())
+    /// Whether the tensors lie over the file's map (else in a copy, [`Self::open_in`]).
+    pub fn is_mapped(&self) -> bool {
+        self.mapped
     }
 
     /// The file's length in bytes.
@@ -420,13 +453,18 @@ fn parse(file: &[u8]) -> Result<(Index, usize), String> {
             None => format!("truncated: {len} bytes, the index implies {expected}"),
         });
     }
+    Ok((index, data_start))
+}
+
+/// [`check_scales`] for every tensor of blocks in `file`, whose index [`parse`] checked.
+fn check_all_scales(index: &Index, data_start: usize, file: &[u8]) -> Result<(), String> {
     for entry in &index.tensors {
         if let Dtype::Blocks(ty) = entry.dtype {
             let start = data_start + entry.offset as usize;
             check_scales(entry, ty, &file[start..start + entry.bytes as usize])?;
         }
     }
-    Ok((index, data_start))
+    Ok(())
 }
 
 /// Refuses blocks with a NaN or infinite scale (`BlockType::first_bad_scale`): every value

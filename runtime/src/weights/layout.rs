@@ -72,6 +72,9 @@ pub struct Kept {
     /// values they hold).
     pub blocks: usize,
     pub block_bytes: usize,
+    /// Whether the tensors used where they lie in the weights file are over its map, not
+    /// in the process's own memory (`file::WeightsMemory`).
+    pub mapped: bool,
 }
 
 impl Kept {

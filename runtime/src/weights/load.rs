@@ -127,8 +127,9 @@ pub fn load_watched<B: KernelBackend>(
     }
     // Tensors used where they lie in the map get all their pages first, so that the first
     // prompt takes no page faults: then the progress is that reading, else each tensor made.
+    // (A backend without bf16 weights widens them: each is read once into a new buffer.)
     let populated = match source {
-        Source::LaidOut(file) if weights == Weights::Auto => {
+        Source::LaidOut(file) if weights == Weights::Auto && B::BF16_WEIGHTS => {
             progress.start(file.size());
             file.populate(|bytes| progress.add(bytes));
             true
@@ -156,6 +157,9 @@ pub fn load_watched<B: KernelBackend>(
         progress: (!populated).then_some(progress),
     };
     let model = model.map(&mut loader);
+    if let Source::LaidOut(file) = source {
+        loader.kept.mapped = populated && file.is_mapped();
+    }
     match loader.error {
         Some(error) => Err(error),
         None => Ok((model, loader.kept)),

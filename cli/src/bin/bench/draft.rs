@@ -54,6 +54,9 @@ pub struct DraftSample {
     proposed: usize,
     #[serde(default)]
     kept: usize,
+    /// Whether the weights were read over the file's map (ours only).
+    #[serde(default)]
+    mapped: Option<bool>,
 }
 
 /// The child's run: each task's answer plain, then drafted (the same tokens, or an error).
@@ -63,7 +66,7 @@ pub fn measure<B: KernelBackend>(cli: &Cli, kind: &str) -> Result<Vec<DraftSampl
         &mut generator,
         kind,
         cli.draft_weights,
-        WeightsMemory::no_mmap(cli.no_mmap),
+        WeightsMemory::from_flags(cli.mmap, cli.no_mmap),
     )?;
     let draft = generator.draft.take().expect("set_draft sets a drafter");
     let tokenizer = Tokenizer::from_dir(&cli.artifacts)?;
@@ -105,6 +108,7 @@ pub fn measure<B: KernelBackend>(cli: &Cli, kind: &str) -> Result<Vec<DraftSampl
                 decode_tok_s: generation.timings.decode_tokens_per_s,
                 proposed,
                 kept,
+                mapped: Some(generator.kept.mapped),
             });
         }
     }
@@ -161,6 +165,7 @@ pub fn parent(cli: &Cli, draft: &str, threads: usize) -> Result<()> {
                             decode_tok_s: run.decode_tok_s,
                             proposed: 0,
                             kept: 0,
+                            mapped: None,
                         });
                     }
                 }
@@ -206,7 +211,7 @@ pub fn parent(cli: &Cli, draft: &str, threads: usize) -> Result<()> {
                 "runs": cli.runs, "tokens": tokens, "plain_tok_s": plain,
                 "drafted_tok_s": drafted, "draft": draft, "proposed": proposed, "kept": kept,
                 "weights": cli.weights.to_string(), "matmul": cli.matmul.to_string(),
-                "mmap": !cli.no_mmap,
+                "mmap": samples.first().and_then(|s| s.mapped),
             }));
         }
     }

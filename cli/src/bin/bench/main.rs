@@ -112,7 +112,10 @@ struct Cli {
     /// With --draft DIR: how the draft model's weights are kept (see `runtime --help`).
     #[arg(long, default_value = "auto", requires = "draft")]
     draft_weights: Weights,
-    /// Copy the weights file into memory instead of mapping it (see `runtime --help`).
+    /// Map the weights file (see `runtime --help`).
+    #[arg(long, conflicts_with = "no_mmap")]
+    mmap: bool,
+    /// Read the weights file into memory whatever its size (see `runtime --help`).
     #[arg(long)]
     no_mmap: bool,
     /// Write SVG figures from these files of the bench's JSON lines (comma-separated)
@@ -141,6 +144,9 @@ struct Sample {
     /// What one tg128 token reads on average: every weight but the embedding, and the KV
     /// cache up to its position (not known for llama.cpp's runs).
     bytes_per_token: Option<f64>,
+    /// Whether the weights were read over the file's map (ours only).
+    #[serde(default)]
+    mapped: Option<bool>,
 }
 
 fn main() -> ExitCode {
@@ -212,6 +218,9 @@ struct StreamSample {
     aggregate_tok_s: f64,
     /// Mean time from the requests' arrival (all at once) to each one's first logits.
     ttft_s: f64,
+    /// Whether the weights were read over the file's map (ours only).
+    #[serde(default)]
+    mapped: Option<bool>,
 }
 
 /// `--streams`: for each count, that many sequences after their own 16-token prompt (the
@@ -262,6 +271,7 @@ fn measure_streams<B: KernelBackend>(cli: &Cli) -> Result<Vec<StreamSample>> {
             streams: n,
             aggregate_tok_s: (n * STREAM_STEPS) as f64 / t.elapsed().as_secs_f64(),
             ttft_s,
+            mapped: Some(generator.kept.mapped),
         });
     }
     Ok(samples)
@@ -305,6 +315,7 @@ fn measure_sampled_streams<B: KernelBackend>(
         streams: n,
         aggregate_tok_s: (n * STREAM_STEPS) as f64 / t.elapsed().as_secs_f64(),
         ttft_s,
+        mapped: Some(generator.kept.mapped),
     })
 }
 
@@ -421,7 +432,7 @@ fn parent_streams(cli: &Cli) -> Result<()> {
             ours.then(|| cli.weights.to_string()),
             ours.then(|| cli.kv_cache.to_string()),
             ours.then(|| cli.matmul.to_string()),
-            ours.then_some(!cli.no_mmap),
+            samples.first().and_then(|s| s.mapped),
         );
         let one = cli.streams.contains(&1).then(|| aggregate(1));
         for &n in &cli.streams {
@@ -460,7 +471,7 @@ fn load<B: KernelBackend>(cli: &Cli) -> Result<Generator<B>> {
         &cli.artifacts,
         &Default::default(),
         cli.weights,
-        WeightsMemory::no_mmap(cli.no_mmap),
+        WeightsMemory::from_flags(cli.mmap, cli.no_mmap),
         &Progress::default(),
     )?;
     generator.kv_dtype = cli.kv_cache;
@@ -540,6 +551,7 @@ fn measure<B: KernelBackend>(cli: &Cli, started: Instant) -> Result<Sample> {
         tg128_sampled,
         peak_rss_mb: peak_rss_mb()?,
         bytes_per_token: Some(bytes_per_token),
+        mapped: Some(generator.kept.mapped),
     })
 }
 
@@ -691,7 +703,7 @@ fn parent(cli: &Cli) -> Result<()> {
             ours.then(|| cli.weights.to_string()),
             ours.then(|| cli.kv_cache.to_string()),
             ours.then(|| cli.matmul.to_string()),
-            ours.then_some(!cli.no_mmap),
+            samples[0].mapped,
         );
         println!(
             "| {name} | {threads} | {load:.2} | {pp128:.1} | {pp512:.1} | {tg128:.1} |{sampled_cell} {shown} | {rss:.0} |",
@@ -794,6 +806,7 @@ fn child<T: serde::de::DeserializeOwned>(
         .args(["--kv-cache", &cli.kv_cache.to_string()])
         .args(["--matmul", &cli.matmul.to_string()])
         .args(["--prefill", &cli.prefill.to_string()])
+        .args(cli.mmap.then_some("--mmap"))
         .args(cli.no_mmap.then_some("--no-mmap"))
         .args((cli.temperature.iter()).flat_map(|t| ["--temperature".to_string(), t.to_string()]))
         .args(extra)

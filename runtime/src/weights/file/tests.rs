@@ -133,6 +133,12 @@ fn the_weights_file_loads_what_the_record_loads() {
             };
             let (from_record, kept) = load(Source::Record(&record));
             let (from_file, kept_from_file) = load(Source::LaidOut(&file));
+            // Only tensors used where they lie are over the map.
+            assert_eq!(kept_from_file.mapped, weights == Weights::Auto);
+            let kept_from_file = Kept {
+                mapped: false,
+                ..kept_from_file
+            };
             assert_eq!(kept, kept_from_file, "tied {tied}, {weights}");
             assert_eq!(
                 snapshot(&from_record),
@@ -392,3 +398,16 @@ fn tensors_lie_over_the_map_and_are_copied_before_a_write() {
 }
 
 mod blocks;
+
+/// `--mmap` maps and `--no-mmap` copies whatever the size; by default a file copies when it
+/// takes at most half the memory available, so one larger than memory is mapped.
+#[test]
+fn weights_memory_copies_what_fits() {
+    assert!(!WeightsMemory::from_flags(true, false).copies(1));
+    assert!(WeightsMemory::from_flags(false, true).copies(u64::MAX));
+    let auto = WeightsMemory::from_flags(false, false);
+    assert_eq!(auto, WeightsMemory::default());
+    let available = crate::model::cache::available_memory().expect("a /proc/meminfo");
+    assert!(auto.copies(1 << 20));
+    assert!(!auto.copies(available));
+}

@@ -193,6 +193,7 @@ fn blocks_are_kept_verbatim_over_the_map() {
         f32: 1, // the embedding: random f32 values
         blocks: 8,
         block_bytes: all_bytes,
+        mapped: true,
         ..Kept::default()
     };
     assert_eq!(kept, expected);

@@ -47,8 +47,8 @@ fn check_parameter_count(
     Ok(())
 }
 
-/// The artifact's weights file mapped, its index checked, and laid out from the record the
-/// manifest lists.
+/// The artifact's weights file in `memory` (a copy counted in `progress`), its index
+/// checked, and laid out from the record the manifest lists.
 fn open_weights(
     dir: &Path,
     manifest: &Manifest,

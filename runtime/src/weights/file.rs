@@ -210,7 +210,7 @@ impl From<Form> for Dtype {
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub enum WeightsMemory {
     /// Read into the process's memory when the file takes at most half the memory
-    /// available, else mapped ([`Self::resolve`]).
+    /// available, else mapped ([`Self::copies`]).
     #[default]
     Auto,
     /// Mapped: the page cache's pages, one copy shared by every process that maps the

@@ -460,7 +460,7 @@ fn serve(args: &ServeArgs) -> Result<()> {
     };
     let cache_budget = match args.cache_ram {
         Some(mib) => mib.saturating_mul(1 << 20),
-        None => runtime::model::cache::available_memory()
+        None => runtime::util::memory::available()
             .map_or(1 << 30, |a| a / 4)
             .min(8 << 30),
     };
@@ -587,7 +587,7 @@ fn check_parallel(common: &CommonArgs, parallel: usize) -> Result<()> {
     let blocks =
         runtime::model::cache::bytes_for(&config, runtime::model::cache::BLOCK, common.kv_cache)
             .saturating_mul(parallel as u64);
-    match runtime::model::cache::available_memory() {
+    match runtime::util::memory::available() {
         Some(available) if blocks > available => bail!(
             "--parallel {parallel} needs {} MB for the KV caches of {parallel} short requests, more than the {} MB available; ask for fewer",
             blocks >> 20,

@@ -96,7 +96,7 @@ impl<B: KernelBackend> KvCache<B> {
         let bytes = (bytes_for(config, 1, dtype).saturating_mul(batch as u64))
             .saturating_add(Rope::<B>::tables(config) * 2 * 4 * config.head_dim as u64)
             .saturating_mul(capacity as u64);
-        match available_memory().filter(|&a| bytes > a) {
+        match crate::util::memory::available().filter(|&a| bytes > a) {
             Some(available) => Err(CacheError::TooLarge {
                 positions: capacity,
                 bytes,
@@ -243,14 +243,6 @@ impl<B: KernelBackend> KvCache<B> {
 pub fn bytes_for(config: &LlamaConfig, positions: usize, dtype: KvDtype) -> u64 {
     let width = (config.n_kv_heads * config.head_dim) as u64;
     (config.num_layers as u64 * 2 * width * positions as u64).saturating_mul(dtype.size() as u64)
-}
-
-/// `MemAvailable` of /proc/meminfo, in bytes, where there is one.
-pub fn available_memory() -> Option<u64> {
-    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
 }
 
 impl<B: KernelBackend> LayerCache<B> {

@@ -61,7 +61,10 @@ fn open_weights(
     };
     // Resolved here once, so that the progress counts what the file will do.
     let bytes = manifest.file(WEIGHTS_FILE).map_or(0, |f| f.bytes);
-    let memory = match memory.copies(bytes) {
+    let copies = memory
+        .copies(bytes)
+        .map_err(|message| weights_error(dir, message))?;
+    let memory = match copies {
         true => WeightsMemory::Copied,
         false => WeightsMemory::Mapped,
     };

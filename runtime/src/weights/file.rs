@@ -234,14 +234,23 @@ impl WeightsMemory {
     }
 
     /// Whether a file of `bytes` is read into memory: [`Self::Auto`] reads it if it takes
-    /// at most half the memory available now (`MemAvailable`), and maps it otherwise, so
-    /// that a model larger than memory still runs from the page cache.
-    pub fn copies(self, bytes: u64) -> bool {
+    /// at most half the memory available now ([`crate::util::memory::available`]: the
+    /// machine's, or a container's limit if tighter), and maps it otherwise, so that a
+    /// model larger than memory still runs from the page cache. [`Self::Copied`] refuses a
+    /// file larger than all of it, which would end in the kernel killing the process.
+    pub fn copies(self, bytes: u64) -> Result<bool, String> {
+        let available = crate::util::memory::available();
         match self {
-            Self::Auto => crate::model::cache::available_memory()
-                .is_some_and(|available| bytes <= available / 2),
-            Self::Mapped => false,
-            Self::Copied => true,
+            Self::Auto => Ok(available.is_some_and(|available| bytes <= available / 2)),
+            Self::Mapped => Ok(false),
+            Self::Copied => match available.filter(|&available| bytes > available) {
+                Some(available) => Err(format!(
+                    "it takes {} MB, more than the {} MB of memory available to read it into (--no-mmap); map it instead (--mmap)",
+                    bytes.div_ceil(1 << 20),
+                    available >> 20
+                )),
+                None => Ok(true),
+            },
         }
     }
 }
@@ -288,7 +297,7 @@ impl WeightsFile {
             }
         }
         let len = file.bytes().len();
-        let mapped = !memory.copies(len as u64);
+        let mapped = !memory.copies(len as u64)?;
         let map = match mapped {
             true => bytes::Bytes::from_owner(file),
             false => {

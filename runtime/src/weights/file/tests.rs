@@ -399,15 +399,25 @@ fn tensors_lie_over_the_map_and_are_copied_before_a_write() {
 
 mod blocks;
 
-/// `--mmap` maps and `--no-mmap` copies whatever the size; by default a file copies when it
-/// takes at most half the memory available, so one larger than memory is mapped.
+/// `--mmap` maps and `--no-mmap` copies whatever fits in the memory available (and refuses
+/// more, naming both sizes); by default a file copies when it takes at most half the memory
+/// available, so one larger than memory is mapped.
 #[test]
 fn weights_memory_copies_what_fits() {
-    assert!(!WeightsMemory::from_flags(true, false).copies(1));
-    assert!(WeightsMemory::from_flags(false, true).copies(u64::MAX));
+    assert_eq!(
+        WeightsMemory::from_flags(true, false).copies(u64::MAX),
+        Ok(false)
+    );
+    let copied = WeightsMemory::from_flags(false, true);
+    assert_eq!(copied.copies(1 << 20), Ok(true));
+    let refused = copied.copies(u64::MAX).unwrap_err();
+    assert!(
+        refused.contains("more than the") && refused.contains("--mmap"),
+        "{refused}"
+    );
     let auto = WeightsMemory::from_flags(false, false);
     assert_eq!(auto, WeightsMemory::default());
-    let available = crate::model::cache::available_memory().expect("a /proc/meminfo");
-    assert!(auto.copies(1 << 20));
-    assert!(!auto.copies(available));
+    let available = crate::util::memory::available().expect("a /proc/meminfo");
+    assert_eq!(auto.copies(1 << 20), Ok(true));
+    assert_eq!(auto.copies(available), Ok(false));
 }

@@ -6,8 +6,8 @@
 use std::path::Path;
 
 /// The lesser of the machine's `MemAvailable` and the headroom of this process's memory
-/// cgroup and of each cgroup above it (its limit less what it uses, not counting page cache
-/// that can be dropped); `None` where neither can be read.
+/// cgroup and of each cgroup above it (its limit less what it uses, not counting the page
+/// cache, which the kernel reclaims before it kills); `None` where neither can be read.
 pub fn available() -> Option<u64> {
     let machine = machine_available();
     let cgroups = std::fs::read_to_string("/proc/self/cgroup")
@@ -61,32 +61,31 @@ fn cgroup_headroom(root: &Path, cgroups: &str) -> Option<u64> {
     least
 }
 
-/// A cgroup version's files: the limit, the usage, and the line of memory.stat counting
-/// page cache not recently used (which the kernel reclaims before it kills).
+/// A cgroup version's files: the limit, the usage, and the lines of memory.stat counting
+/// the page cache on the kernel's two lists of file pages.
 #[derive(Clone, Copy)]
 struct Files {
     limit: &'static str,
     usage: &'static str,
-    inactive_file: &'static str,
+    page_cache: [&'static str; 2],
 }
 
 const V2: Files = Files {
     limit: "memory.max",
     usage: "memory.current",
-    inactive_file: "inactive_file",
+    page_cache: ["active_file", "inactive_file"],
 };
 
 const V1: Files = Files {
     limit: "memory.limit_in_bytes",
     usage: "memory.usage_in_bytes",
-    inactive_file: "total_inactive_file",
+    page_cache: ["total_active_file", "total_inactive_file"],
 };
 
 /// No real limit: v1 writes "none" as the largest page multiple below 2^63.
 const NO_LIMIT: u64 = 1 << 62;
 
-/// The cgroup at `dir`'s limit less its usage (without its inactive page cache), if it has
-/// a limit.
+/// The cgroup at `dir`'s limit less its usage (without its page cache), if it has a limit.
 fn headroom(dir: &Path, files: Files) -> Option<u64> {
     let read = |name: &str| std::fs::read_to_string(dir.join(name)).ok();
     let limit: u64 = read(files.limit)?.trim().parse().ok()?; // "max" fails: no limit
@@ -94,15 +93,15 @@ fn headroom(dir: &Path, files: Files) -> Option<u64> {
         return None;
     }
     let usage: u64 = read(files.usage)?.trim().parse().ok()?;
-    let inactive: u64 = read("memory.stat")
-        .and_then(|stat| {
-            let line = stat
-                .lines()
-                .find(|l| l.split_whitespace().next() == Some(files.inactive_file))?;
-            line.split_whitespace().nth(1)?.parse().ok()
+    let stat = read("memory.stat").unwrap_or_default();
+    let page_cache: u64 = (stat.lines())
+        .filter_map(|line| {
+            let mut words = line.split_whitespace();
+            let name = words.next()?;
+            (files.page_cache.contains(&name)).then(|| words.next()?.parse::<u64>().ok())?
         })
-        .unwrap_or(0);
-    Some(limit.saturating_sub(usage.saturating_sub(inactive)))
+        .sum();
+    Some(limit.saturating_sub(usage.saturating_sub(page_cache)))
 }
 
 #[cfg(test)]
@@ -117,7 +116,7 @@ mod tests {
     }
 
     /// v2: the process's cgroup and its parent each limit; the tighter one counts, and
-    /// inactive page cache is headroom. "max" is no limit.
+    /// page cache is headroom. "max" is no limit.
     #[test]
     fn a_v2_cgroup_and_its_parents_bound_the_headroom() {
         let root = tempfile::tempdir().unwrap();
@@ -133,13 +132,13 @@ mod tests {
                 ("memory.current", "250000\n"),
                 (
                     "memory.stat",
-                    "anon 100000\ninactive_file 50000\nactive_file 7\n",
+                    "anon 100000\ninactive_file 50000\nactive_file 7\nfile 9\n",
                 ),
             ],
         );
         assert_eq!(cgroup_headroom(root, "0::/box/app\n"), Some(700_000));
         write(&root.join("box"), &[("memory.max", "max\n")]);
-        assert_eq!(cgroup_headroom(root, "0::/box/app\n"), Some(1_800_000));
+        assert_eq!(cgroup_headroom(root, "0::/box/app\n"), Some(1_800_007));
         assert_eq!(cgroup_headroom(root, "0::/\n"), None);
     }
 
@@ -153,7 +152,10 @@ mod tests {
             &[
                 ("memory.limit_in_bytes", "536870912\n"),
                 ("memory.usage_in_bytes", "136870912\n"),
-                ("memory.stat", "cache 1\ntotal_inactive_file 1000\n"),
+                (
+                    "memory.stat",
+                    "cache 1\ntotal_inactive_file 1000\ntotal_active_file 20\n",
+                ),
             ],
         );
         write(
@@ -164,7 +166,7 @@ mod tests {
             ],
         );
         let cgroups = "5:devices:/docker/abc\n4:memory:/docker/abc\n0::/\n";
-        assert_eq!(cgroup_headroom(root, cgroups), Some(400_001_000));
+        assert_eq!(cgroup_headroom(root, cgroups), Some(400_001_020));
         assert_eq!(cgroup_headroom(root, "4:cpu,cpuacct:/docker/abc\n"), None);
     }
 

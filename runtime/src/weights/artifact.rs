@@ -59,20 +59,16 @@ fn open_weights(
         let message = format!("the file is corrupt ({message}); run `converter verify`");
         weights_error(dir, message)
     };
-    // Resolved here once, so that the progress counts what the file will do.
+    // Decided once, from the size the manifest lists (check_files held the file to it).
     let bytes = manifest.file(WEIGHTS_FILE).map_or(0, |f| f.bytes);
-    let copies = memory
+    let copy = memory
         .copies(bytes)
         .map_err(|message| weights_error(dir, message))?;
-    let memory = match copies {
-        true => WeightsMemory::Copied,
-        false => WeightsMemory::Mapped,
-    };
-    if memory == WeightsMemory::Copied {
+    if copy {
         progress.start(bytes);
     }
     let path = dir.join(WEIGHTS_FILE);
-    let file = WeightsFile::open_in(&path, memory, |bytes| progress.add(bytes)).map_err(corrupt)?;
+    let file = WeightsFile::open_in(&path, copy, |bytes| progress.add(bytes)).map_err(corrupt)?;
     // A read manifest lists the record.
     let record = manifest.file(MODEL_FILE);
     let (bytes, sha256) = record.map_or((0, ""), |f| (f.bytes, f.sha256.as_str()));

@@ -271,19 +271,15 @@ impl WeightsFile {
     /// in order and not overlapping, its length what its shape and dtype need; and every
     /// block's scales.
     pub fn open(path: &Path) -> Result<Self, String> {
-        Self::open_in(path, WeightsMemory::Mapped, |_| ())
+        Self::open_in(path, false, |_| ())
     }
 
-    /// [`Self::open`] with the tensors in `memory` ([`WeightsMemory::copies`]): over the
-    /// map, or read into the process's own memory ([`crate::util::files::read_to_memory`];
-    /// `read` is told the bytes of each piece read), the map then dropped. The blocks'
-    /// scales are checked in the memory the tensors will be read from, so a copy reads the
-    /// file once.
-    pub fn open_in(
-        path: &Path,
-        memory: WeightsMemory,
-        read: impl Fn(u64) + Sync,
-    ) -> Result<Self, String> {
+    /// [`Self::open`] with the tensors read into the process's own memory if `copy`
+    /// ([`crate::util::files::read_to_memory`]; `read` is told the bytes of each piece
+    /// read), the map then dropped; else over the map. Whether to copy is the caller's
+    /// ([`WeightsMemory::copies`]). The blocks' scales are checked in the memory the
+    /// tensors will be read from, so a copy reads the file once.
+    pub fn open_in(path: &Path, copy: bool, read: impl Fn(u64) + Sync) -> Result<Self, String> {
         let file = MappedFile::open(path).map_err(|e| e.to_string())?;
         // The map starts on a page; a tensor's alignment within the file is its alignment.
         if !(file.bytes().as_ptr() as usize).is_multiple_of(ALIGN) {
@@ -296,14 +292,13 @@ impl WeightsFile {
                 return Err(format!("{} is listed twice", entry.path));
             }
         }
-        let len = file.bytes().len();
-        let mapped = !memory.copies(len as u64)?;
-        let map = match mapped {
-            true => bytes::Bytes::from_owner(file),
-            false => {
-                let copy = crate::util::files::read_to_memory(file.file(), len, read)
+        let map = match copy {
+            false => bytes::Bytes::from_owner(file),
+            true => {
+                let len = file.bytes().len();
+                let memory = crate::util::files::read_to_memory(file.file(), len, read)
                     .map_err(|e| format!("cannot read it into memory: {e}"))?;
-                bytes::Bytes::from_owner(copy)
+                bytes::Bytes::from_owner(memory)
             }
         };
         check_all_scales(&index, data_start, &map)?;
@@ -312,7 +307,7 @@ impl WeightsFile {
             index,
             by_path,
             data_start,
-            mapped,
+            mapped: !copy,
         })
     }
 

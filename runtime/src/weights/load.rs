@@ -19,6 +19,7 @@ use rayon::prelude::*;
 use crate::model::backend::KernelBackend;
 use crate::model::llama::Llama;
 use crate::model::params::{FieldPath, ParamInfo, params};
+use crate::util::arena::Arena;
 use crate::util::file_names::{BURNPACK_FILE, MODEL_FILE, WEIGHTS_FILE};
 use crate::weights::burnpack::Burnpack;
 use crate::weights::file::{Dtype, TIED_LM_HEAD, WeightsFile};
@@ -155,6 +156,7 @@ pub fn load_watched<B: KernelBackend>(
         embedding: None,
         error: None,
         progress: (!populated).then_some(progress),
+        arena: Arena::default(),
     };
     let model = model.map(&mut loader);
     if let Source::LaidOut(file) = source {
@@ -294,6 +296,8 @@ struct Loader<'a, B: Backend> {
     embedding: Option<TensorPrimitive<B>>,
     /// `ModuleMapper` can't return errors: the first one is kept here.
     error: Option<String>,
+    /// Huge-page memory for the tensors this load makes itself.
+    arena: Arena,
 }
 
 impl<B: KernelBackend> Loader<'_, B> {
@@ -368,6 +372,7 @@ impl<B: KernelBackend> Loader<'_, B> {
             }
         };
         self.kept.count(&layout, form);
+        let data = self.in_arena(data)?;
         if let Form::Blocks(ty) = form {
             let bytes = data.bytes.len();
             let tensor = match (layout.linear, layout.shape.as_slice()) {
@@ -401,6 +406,20 @@ impl<B: KernelBackend> Loader<'_, B> {
             self.embedding = Some(tensor.clone().into_primitive());
         }
         Ok((id, tensor))
+    }
+
+    /// `data` moved into huge-page memory if this load made it (quantized, widened, rounded,
+    /// laid out: the allocator's memory) on a backend that uses tensors where they lie;
+    /// tensors over weights.bin or a map stay where they are. Decoding reads every weight
+    /// once a token, at about half the rate from 4 KiB pages (`util::arena`).
+    fn in_arena(&mut self, data: TensorData) -> Result<TensorData, String> {
+        if !B::BF16_WEIGHTS || data.bytes.property() != AllocationProperty::Native {
+            return Ok(data);
+        }
+        let held = (self.arena.hold(&data.bytes))
+            .map_err(|e| format!("cannot allocate memory for the weights: {e}"))?;
+        let bytes = Bytes::from_shared(held, AllocationProperty::Other);
+        Ok(TensorData::from_bytes(bytes, data.shape, data.dtype))
     }
 
     /// Quantizing at load (`Weights::Blocks`) a model with tied embeddings: the embedding,

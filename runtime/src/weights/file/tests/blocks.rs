@@ -227,6 +227,84 @@ fn blocks_are_kept_verbatim_over_the_map() {
     }
 }
 
+/// Whether `address` lies in anonymous memory advised `MADV_HUGEPAGE` (no file named on its
+/// line of /proc/self/smaps, `hg` among its VmFlags), where the kernel gives it 2 MiB pages
+/// if it can.
+fn in_huge_page_memory(address: usize) -> bool {
+    let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+    let mut holds = None;
+    for line in smaps.lines() {
+        let mut fields = line.split_whitespace();
+        let first = fields.next().unwrap_or_default();
+        if let Some((start, end)) = first.split_once('-')
+            && let (Ok(start), Ok(end)) = (
+                usize::from_str_radix(start, 16),
+                usize::from_str_radix(end, 16),
+            )
+        {
+            // The sixth field names the mapped file, if any.
+            let anonymous = fields.nth(4).is_none();
+            holds = (start..end).contains(&address).then_some(anonymous);
+        } else if let (Some(anonymous), Some(flags)) = (holds, line.strip_prefix("VmFlags:")) {
+            return anonymous && flags.split_whitespace().any(|flag| flag == "hg");
+        }
+    }
+    panic!("{address:#x} is in no mapping of /proc/self/smaps")
+}
+
+/// The matrices a load makes itself (quantized, widened to f32, laid out from the record)
+/// lie in memory asked for in 2 MiB pages, as a copy of weights.bin does: decoding streams
+/// them every token, at about half the rate from 4 KiB pages. Those used where they lie in
+/// the file's map stay there. (Fails if `Loader::in_arena` passes its tensors through.)
+#[test]
+fn matrices_made_at_load_lie_in_huge_page_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let (record, blocks, record_bytes) = block_model(dir.path());
+    let bytes = write_with(&record, record_bytes, &stored(&blocks)).unwrap();
+    let path = dir.path().join("weights.bin");
+    std::fs::write(&path, &bytes).unwrap();
+    let file = WeightsFile::open(&path).unwrap();
+    let device = Default::default();
+    let address = |weight: &Param<Tensor<B, 2>>| {
+        weight.val().into_primitive().tensor().bytes().as_ptr() as usize
+    };
+    // The embedding (f32 values) is used where it lies in the file's map, but laid out
+    // from the record.
+    for (source, weights, embedding_made) in [
+        (
+            Source::LaidOut(&file),
+            Weights::Blocks(BlockType::Q4_0),
+            false,
+        ),
+        (Source::LaidOut(&file), Weights::F32, false),
+        (Source::Record(&record), Weights::Auto, true),
+    ] {
+        let model = block_config().init::<B>(&device);
+        let (model, _) = load_into(source, model, false, weights, &device).unwrap();
+        let embedding = address(&model.embed_tokens.weight);
+        assert_eq!(in_huge_page_memory(embedding), embedding_made, "{weights}");
+        for (path, weight) in projections(&model) {
+            // A projection stored as the blocks asked for is used where it lies.
+            let made = !matches!(source, Source::LaidOut(_))
+                || weights != Weights::Blocks(blocks[&path].0);
+            assert_eq!(
+                in_huge_page_memory(address(weight)),
+                made,
+                "{weights}: {path}"
+            );
+        }
+    }
+    let model = block_config().init::<B>(&device);
+    let (model, _) =
+        load_into(Source::LaidOut(&file), model, false, Weights::Auto, &device).unwrap();
+    for (path, weight) in projections(&model) {
+        assert!(
+            !in_huge_page_memory(address(weight)),
+            "over the map: {path}"
+        );
+    }
+}
+
 /// `Weights::F32` decodes the blocks to exactly the record's values, `Weights::Bf16`
 /// rounds those; burn-ndarray gets them decoded: each as loading the record gives.
 #[test]

@@ -66,6 +66,12 @@ const TIMED_STEPS: usize = 4;
 /// up to [`LONGEST_PAUSE`].
 const FIRST_PAUSE: usize = 16;
 const LONGEST_PAUSE: usize = 512;
+/// Pauses in a row, with no timed run of drafts that paid between them, after which a draft
+/// model stops drafting for the sequence: resuming costs it a catch-up over every token the
+/// pause let by (a prompt pass of its own, a fifth of a step a token for a model half the
+/// target's cost), so a model that did not pay twice costs more by trying again than it can
+/// be expected to win. Prompt lookup resumes for free and keeps trying.
+const UNPAID_PAUSES: usize = 2;
 /// A draft model's drafts go on past a token while the model gives it at least this
 /// chance, where a draft model's pass costs a sizable share of a step
 /// ([`Drafter::least_chance`]). (llama.cpp's drafts end at the first token under its
@@ -96,6 +102,8 @@ pub struct Drafter {
     /// Steps left before drafting again, and the next pause's length.
     paused: usize,
     next_pause: usize,
+    /// Pauses since drafts last paid, timed ([`UNPAID_PAUSES`]).
+    unpaid_pauses: usize,
     /// Seconds the draft model took for the draft being checked (0: none timed).
     draft_seconds: f32,
     /// A draft model's pass, in seconds (a moving average; 0 until timed).
@@ -125,6 +133,7 @@ impl Drafter {
             accepted: 1.0,
             paused: 0,
             next_pause: FIRST_PAUSE,
+            unpaid_pauses: 0,
             draft_seconds: 0.0,
             pass_seconds: 0.0,
             made: None,
@@ -193,12 +202,20 @@ impl Drafter {
                 // A paused draft model catches up afterwards on the tokens it let by: a
                 // pause is worth it only if drafting loses more than that costs a step.
                 let catch_up = self.catch_up_seconds / pass.seconds(rows);
-                made.steps < TIMED_STEPS || made.plain * (1.0 + catch_up) > made.took
+                let gains = made.plain * (1.0 + catch_up) > made.took;
+                if gains && made.steps >= TIMED_STEPS {
+                    self.unpaid_pauses = 0;
+                }
+                made.steps < TIMED_STEPS || gains
             }
             _ => self.accepted >= PAYS_OFF,
         };
         self.draft_seconds = 0.0;
         if !pays {
+            self.unpaid_pauses += 1;
+            if self.kind == Draft::Model && self.unpaid_pauses >= UNPAID_PAUSES {
+                self.limit = 0;
+            }
             self.paused = self.next_pause;
             self.next_pause = (self.next_pause * 2).min(LONGEST_PAUSE);
             // Tried afresh after the pause.
@@ -511,6 +528,38 @@ mod tests {
         assert_eq!(pauses_after(0.005, 0.003, |_| false), None);
         // Drafts kept every other step make 1.5 tokens in 13 ms (15 plain): no pause.
         assert_eq!(pauses_after(0.0, 0.003, |step| step % 2 == 0), None);
+    }
+
+    #[test]
+    fn a_draft_model_that_pays_in_no_run_between_two_pauses_stops_for_good() {
+        for kind in [Draft::Model, Draft::Ngram] {
+            let mut drafter = Drafter::new(kind);
+            // Never kept, one token in 14 ms instead of 10: a pause, twice.
+            let mut pauses = 0;
+            for _ in 0..2 * (TIMED_STEPS + LONGEST_PAUSE) {
+                if drafter.wanted(99) == 0 {
+                    continue;
+                }
+                drafter.drafting_took(0.004);
+                drafter.step_took(2, 2, 0.010);
+                drafter.learn(1, 0);
+                pauses += usize::from(drafter.paused > 0);
+            }
+            match kind {
+                Draft::Model => assert_eq!((pauses, drafter.limit), (UNPAID_PAUSES, 0)),
+                _ => assert!(pauses > UNPAID_PAUSES && drafter.limit == MAX_DRAFT),
+            }
+        }
+        // A run that paid between two pauses: drafting goes on (a pause after the first
+        // four, the drafts of the next six kept, a pause after four more not kept).
+        let mut drafter = Drafter::new(Draft::Model);
+        for kept in [0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0] {
+            while drafter.wanted(99) == 0 {}
+            drafter.drafting_took(0.004);
+            drafter.step_took(2, 2, 0.010);
+            drafter.learn(1, kept);
+        }
+        assert_eq!((drafter.unpaid_pauses, drafter.limit), (1, MAX_DRAFT));
     }
 
     #[test]

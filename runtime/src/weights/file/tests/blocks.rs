@@ -141,6 +141,16 @@ fn write_with(
     write(record, id, &declared, false, blocks, &mut bytes).map(|()| bytes)
 }
 
+/// [`block_model`] written as a weights file in `dir` with its blocks: the record, the
+/// blocks, the file opened.
+fn block_model_file(dir: &Path) -> (Record, Blocks, WeightsFile) {
+    let (record, blocks, record_bytes) = block_model(dir);
+    let bytes = write_with(&record, record_bytes, &stored(&blocks)).unwrap();
+    let path = dir.join("weights.bin");
+    std::fs::write(&path, &bytes).unwrap();
+    (record, blocks, WeightsFile::open(&path).unwrap())
+}
+
 /// The bytes of a projection kept as blocks (burn-flex's tensor of them).
 fn block_bytes(weight: &Param<Tensor<B, 2>>) -> Vec<u8> {
     let tensor = weight.val().into_primitive().tensor();
@@ -171,11 +181,7 @@ fn projections(model: &crate::model::llama::Llama<B>) -> Vec<(String, &Param<Ten
 #[test]
 fn blocks_are_kept_verbatim_over_the_map() {
     let dir = tempfile::tempdir().unwrap();
-    let (record, blocks, record_bytes) = block_model(dir.path());
-    let bytes = write_with(&record, record_bytes, &stored(&blocks)).unwrap();
-    let path = dir.path().join("weights.bin");
-    std::fs::write(&path, &bytes).unwrap();
-    let file = WeightsFile::open(&path).unwrap();
+    let (record, blocks, file) = block_model_file(dir.path());
     let device = Default::default();
     let all_bytes: usize = blocks.values().map(|(_, b)| b.len()).sum();
     for (path, (ty, stored)) in &blocks {
@@ -259,11 +265,7 @@ fn in_huge_page_memory(address: usize) -> bool {
 #[test]
 fn matrices_made_at_load_lie_in_huge_page_memory() {
     let dir = tempfile::tempdir().unwrap();
-    let (record, blocks, record_bytes) = block_model(dir.path());
-    let bytes = write_with(&record, record_bytes, &stored(&blocks)).unwrap();
-    let path = dir.path().join("weights.bin");
-    std::fs::write(&path, &bytes).unwrap();
-    let file = WeightsFile::open(&path).unwrap();
+    let (record, blocks, file) = block_model_file(dir.path());
     let device = Default::default();
     let address = |weight: &Param<Tensor<B, 2>>| {
         weight.val().into_primitive().tensor().bytes().as_ptr() as usize
@@ -310,11 +312,7 @@ fn matrices_made_at_load_lie_in_huge_page_memory() {
 #[test]
 fn blocks_load_as_the_values_they_stand_for() {
     let dir = tempfile::tempdir().unwrap();
-    let (record, blocks, record_bytes) = block_model(dir.path());
-    let bytes = write_with(&record, record_bytes, &stored(&blocks)).unwrap();
-    let path = dir.path().join("weights.bin");
-    std::fs::write(&path, &bytes).unwrap();
-    let file = WeightsFile::open(&path).unwrap();
+    let (record, _, file) = block_model_file(dir.path());
     let device = Default::default();
     for weights in [Weights::F32, Weights::Bf16] {
         let load = |source| {

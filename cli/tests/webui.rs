@@ -12,9 +12,11 @@
 
 mod common;
 
+use std::cell::Cell;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::{PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
 
 use common::{Server, artifact_dir, chat_body, metric, request_to, wait_until_running};
@@ -38,14 +40,47 @@ fn shots_dir() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/webui")
 }
 
+/// The browser tests run side by side, each with its own Chromium, driver and model server;
+/// a test that times the page takes the machine alone ([`alone`]): on two cores shared with
+/// the others, a 50 ms task of the page took 155.
+static MACHINE: RwLock<()> = RwLock::new(());
+
+thread_local! {
+    /// Whether this test holds [`MACHINE`] alone.
+    static ALONE: Cell<bool> = const { Cell::new(false) };
+}
+
+/// The machine for this test alone: waits until the other browser tests have closed their
+/// drivers, and keeps new ones from starting until dropped.
+fn alone() -> Alone {
+    let guard = MACHINE.write().unwrap_or_else(PoisonError::into_inner);
+    ALONE.set(true);
+    Alone { _guard: guard }
+}
+
+/// [`MACHINE`] held alone by this test.
+struct Alone {
+    _guard: RwLockWriteGuard<'static, ()>,
+}
+
+impl Drop for Alone {
+    fn drop(&mut self) {
+        ALONE.set(false);
+    }
+}
+
 /// chromedriver on a free port, killed when dropped.
 struct Driver {
     child: Child,
     url: String,
+    /// This test's share of the machine, unless it holds it [`alone`].
+    _sharing: Option<RwLockReadGuard<'static, ()>>,
 }
 
 impl Driver {
     fn start() -> Self {
+        let sharing =
+            (!ALONE.get()).then(|| MACHINE.read().unwrap_or_else(PoisonError::into_inner));
         let port = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
@@ -65,6 +100,7 @@ impl Driver {
         Self {
             child,
             url: format!("http://127.0.0.1:{port}"),
+            _sharing: sharing,
         }
     }
 }
@@ -741,6 +777,8 @@ async fn a_long_streamed_answer_never_blocks_the_page() {
     if !browser_available() {
         return;
     }
+    // Timed: no other test's page or model beside it.
+    let _alone = alone();
     let (_server, _driver, _profile, client) = open_page(&dir, &[]).await;
     let mut answer = String::new();
     let mut parts = 0;

@@ -473,8 +473,7 @@ async fn a_queued_question_says_it_waits_for_a_free_slot() {
         drop(long);
         let done = format!("{LAST_ANSWER}.dataset.state === 'done' && {LAST_ANSWER}.dataset.text");
         until(&client, &done, Duration::from_secs(120)).await?;
-        let finish = eval(&client, &format!("{LAST_ANSWER}.dataset.note ?? null")).await?;
-        match finish {
+        match eval(&client, &format!("{LAST_ANSWER}.dataset.note ?? null")).await? {
             Value::Null => Ok(()),
             // Sixty-four tokens were not enough: the page says so, and the waiting note went.
             Value::String(note) if note == "max tokens reached" => Ok(()),

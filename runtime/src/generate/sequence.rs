@@ -107,10 +107,6 @@ impl<B: KernelBackend> Sequence<'_, B> {
         let tokens_left = self.max_new_tokens.saturating_sub(self.tokens.len());
         let room = self.capacity.saturating_sub(self.cache.len() + 2);
         let wanted = drafter.wanted(tokens_left.min(room));
-        if drafter.limit == 0 {
-            // Stopped (it did not pay): its draft model's cache is of no more use.
-            self.draft_cache = None;
-        }
         match (drafter.kind, model) {
             (_, _) if wanted == 0 => Ok(Vec::new()),
             (Draft::Ngram, _) => Ok(ngram(&self.history, wanted)),
@@ -160,6 +156,10 @@ impl<B: KernelBackend> Sequence<'_, B> {
         }
         if let Some(drafter) = &mut self.drafter {
             drafter.learn(drafted, kept);
+            if drafter.limit == 0 {
+                // It stopped itself (it did not pay): its draft model's cache goes too.
+                self.stop_drafting();
+            }
         }
     }
 

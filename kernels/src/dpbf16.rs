@@ -366,8 +366,8 @@ mod tests {
     use crate::cpu::testing::Needs;
     use crate::testing::{in_pool, uniform};
 
-    /// Whether the kernels cannot run at this tier (and the test is skipped, saying so; a
-    /// failure under `REQUIRE_KERNELS` where the CPU lacks AVX512_BF16: `cpu::testing`).
+    /// Whether the kernels cannot run at this tier (and the test is skipped, saying so,
+    /// also under `REQUIRE_KERNELS`: CI's Ice Lake hosts lack AVX512_BF16; `cpu::testing`).
     fn skipped() -> bool {
         let skipped = !crate::cpu::testing::runs(Needs::Bf16);
         assert_eq!(runs(), !skipped);

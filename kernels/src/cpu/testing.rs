@@ -7,11 +7,12 @@
 //! - `RUNTIME_CPU` lowered the tier on purpose below what the CPU has (`just test-tiers`
 //!   runs the tests at every tier below the CPU's): always a skip.
 //! - The CPU itself lacks it: a skip, unless the environment variable `REQUIRE_KERNELS` is
-//!   set (CI sets it: its hosts, Intel Sapphire Rapids and AMD Zen 4, both have AVX-512
-//!   VNNI and AVX512_BF16), where it is a failure naming what is missing and the CPU, so a
-//!   host without the kernels cannot pass by running none of their tests. AMX is the
-//!   exception: Zen 4 lacks it, so no CI host is sure to have it, and a test of the `amx`
-//!   tier on a CPU without it is skipped, saying so, whatever `REQUIRE_KERNELS` says.
+//!   set (CI sets it: its hosts, Intel Sapphire Rapids and Ice Lake and AMD Zen 4, all have
+//!   AVX-512 VNNI), where it is a failure naming what is missing and the CPU, so a host
+//!   without the kernels cannot pass by running none of their tests. AMX and AVX512_BF16
+//!   are the exceptions: no CI host is sure to have them (Zen 4 lacks AMX, Ice Lake both),
+//!   so a test that needs one on a CPU without it is skipped, saying so, whatever
+//!   `REQUIRE_KERNELS` says.
 
 use super::{Tier, detected, tier};
 
@@ -92,7 +93,8 @@ impl std::fmt::Display for Needs {
 
 /// Whether a test of kernels that need `needs` runs here: true when the kernels' tier has
 /// it. Otherwise says why the test is skipped and returns false, or panics where the
-/// module's introduction says (`REQUIRE_KERNELS` set and the CPU lacking it, AMX aside);
+/// module's introduction says (`REQUIRE_KERNELS` set and the CPU lacking it, AMX and
+/// AVX512_BF16 aside);
 /// panics too on a `RUNTIME_CPU` that names no tier, which would test the CPU's own tier
 /// under another's name.
 pub fn runs(needs: Needs) -> bool {
@@ -115,8 +117,10 @@ pub fn runs(needs: Needs) -> bool {
         cpu_name(),
         missing.join(", ")
     );
-    if needs.tier() >= Tier::Amx {
-        eprintln!("skipped: {what} (AMX is optional: CI's Zen 4 hosts lack it)");
+    if needs.tier() >= Tier::Amx || needs == Needs::Bf16 {
+        eprintln!(
+            "skipped: {what} (optional: AMX and AVX512_BF16 are on only some of CI's hosts)"
+        );
         return false;
     }
     assert!(

@@ -118,9 +118,7 @@ pub fn runs(needs: Needs) -> bool {
         missing.join(", ")
     );
     if needs.tier() >= Tier::Amx || needs == Needs::Bf16 {
-        eprintln!(
-            "skipped: {what} (optional: AMX and AVX512_BF16 are on only some of CI's hosts)"
-        );
+        eprintln!("skipped: {what} (optional: AMX and AVX512_BF16 are on only some of CI's hosts)");
         return false;
     }
     assert!(

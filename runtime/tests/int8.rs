@@ -7,8 +7,8 @@
 //! failure) and at a tier without the kernels (int8: AVX2; bf16: AVX512_BF16), where every
 //! product is exact: a CPU without the int8 kernels is a failure under `REQUIRE_KERNELS`
 //! (`kernels::cpu::testing`; AVX512_BF16 stays optional), a tier lowered by `RUNTIME_CPU`
-//! never. Below the AVX-512 VNNI
-//! tier prompts take the exact products (no int8 prompt kernel).
+//! never. Below the AVX-512 VNNI tier prompts take the exact products (no int8 prompt
+//! kernel).
 //!
 //! "A token at a time" is the decoding kernels on every position they score, the positions
 //! cut into streams decoded together (a step reads the weights once for all of them, and

@@ -10,7 +10,7 @@
 //!   set (CI sets it: its hosts, Intel Sapphire Rapids and Ice Lake and AMD Zen 4, all have
 //!   AVX-512 VNNI), where it is a failure naming what is missing and the CPU, so a host
 //!   without the kernels cannot pass by running none of their tests. AMX and AVX512_BF16
-//!   are the exceptions: no CI host is sure to have them (Zen 4 lacks AMX, Ice Lake both),
+//!   are the exceptions: no CI host is sure to have them (Zen 4 lacks AMX, Ice Lake lacks either),
 //!   so a test that needs one on a CPU without it is skipped, saying so, whatever
 //!   `REQUIRE_KERNELS` says.
 
@@ -94,9 +94,8 @@ impl std::fmt::Display for Needs {
 /// Whether a test of kernels that need `needs` runs here: true when the kernels' tier has
 /// it. Otherwise says why the test is skipped and returns false, or panics where the
 /// module's introduction says (`REQUIRE_KERNELS` set and the CPU lacking it, AMX and
-/// AVX512_BF16 aside);
-/// panics too on a `RUNTIME_CPU` that names no tier, which would test the CPU's own tier
-/// under another's name.
+/// AVX512_BF16 aside); panics too on a `RUNTIME_CPU` that names no tier, which would test
+/// the CPU's own tier under another's name.
 pub fn runs(needs: Needs) -> bool {
     if let Err(e) = super::requested() {
         panic!("{e}");

@@ -197,8 +197,8 @@ pub fn parent(cli: &Cli, draft: &str, threads: usize) -> Result<()> {
             let speed = |drafted| median(runs(drafted).map(|s| s.decode_tok_s).collect());
             let (plain, drafted) = (speed(false), speed(true));
             // Each run's drafted answer over its own plain one, decoded just before it in
-            // the same process: the host's load drifts between runs far more than within
-            // one (plain 48-60 tok/s from run to run on a shared 2-core host).
+            // the same process: a shared host's load drifts between runs far more than
+            // within one (docs/BENCHMARKS.md, session 35).
             let speedup = median(
                 (runs(false).zip(runs(true)))
                     .map(|(plain, drafted)| drafted.decode_tok_s / plain.decode_tok_s)
@@ -217,7 +217,8 @@ pub fn parent(cli: &Cli, draft: &str, threads: usize) -> Result<()> {
             json_lines.push(serde_json::json!({
                 "engine": name, "kind": engine.kind(), "task": task, "threads": threads,
                 "runs": cli.runs, "tokens": tokens, "plain_tok_s": plain,
-                "drafted_tok_s": drafted, "speedup": speedup, "draft": draft, "proposed": proposed, "kept": kept,
+                "drafted_tok_s": drafted, "speedup": speedup, "draft": draft,
+                "proposed": proposed, "kept": kept,
                 "weights": cli.weights.to_string(), "matmul": cli.matmul.to_string(),
                 "mmap": samples.first().and_then(|s| s.mapped),
             }));

@@ -14,7 +14,7 @@ use super::{Inputs, fetch};
 use crate::quant::BlockType;
 
 /// # Safety
-/// As `super::four` checks.
+/// As `super::four_checked` checks.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn four(
     ty: BlockType,

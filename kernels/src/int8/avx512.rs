@@ -42,7 +42,7 @@ pub(super) unsafe fn round_block(x: &[f32], q: &mut [i8]) -> f32 {
 }
 
 /// # Safety
-/// As `super::four` checks.
+/// As `super::four_checked` checks.
 #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma,avx2")]
 pub(super) unsafe fn four(
     ty: BlockType,

@@ -356,20 +356,20 @@ pub(super) fn four(
     inputs: &Inputs,
     store: &mut impl FnMut(usize, usize, f32),
 ) {
-    four_checked(ty, rows, Checked::new(ty, inputs), store);
+    four_checked(Checked::new(ty, inputs), rows, store);
 }
 
-/// [`four`] with the inputs already checked for `ty`: only the rows' lengths are checked
-/// here, which costs nothing beside a tile of short rows (the checks of the inputs,
-/// divisions among them, took a few percent of a 135M model's decoding).
+/// [`four`] with the inputs already checked for the rows' type: only the rows' lengths are
+/// checked here, which costs nothing beside a tile of short rows (the inputs' checks,
+/// divisions among them, showed in a small model's decode profile: docs/BENCHMARKS.md,
+/// session 35).
 #[inline]
-fn four_checked(
-    ty: BlockType,
-    rows: [&[u8]; 4],
-    checked: Checked<'_>,
-    store: &mut impl FnMut(usize, usize, f32),
-) {
-    let Checked { inputs, row_bytes } = checked;
+fn four_checked(checked: Checked<'_>, rows: [&[u8]; 4], store: &mut impl FnMut(usize, usize, f32)) {
+    let Checked {
+        ty,
+        inputs,
+        row_bytes,
+    } = checked;
     assert!(rows.iter().all(|row| row.len() >= row_bytes));
     let rows = rows.map(<[u8]>::as_ptr);
     #[cfg(target_arch = "x86_64")]
@@ -385,7 +385,9 @@ fn four_checked(
 
 /// The products of one row of `ty` blocks with every vector of `inputs`, as [`four`].
 pub(super) fn one(ty: BlockType, row: &[u8], inputs: &Inputs, store: &mut impl FnMut(usize, f32)) {
-    let Checked { inputs, row_bytes } = Checked::new(ty, inputs);
+    let Checked {
+        inputs, row_bytes, ..
+    } = Checked::new(ty, inputs);
     assert!(row.len() >= row_bytes);
     #[cfg(target_arch = "x86_64")]
     // SAFETY: as in `four_checked`.
@@ -418,7 +420,7 @@ pub(super) fn bundles(
     };
     for s in bundles.start.min(quarter)..bundles.end.min(quarter) {
         let rows = [0, 1, 2, 3].map(|k| k * quarter + s);
-        four_checked(ty, rows.map(row), checked, &mut |b, k, value| {
+        four_checked(checked, rows.map(row), &mut |b, k, value| {
             put(b, rows[k], value)
         });
     }
@@ -463,6 +465,7 @@ unsafe fn scales_mins(p: *const u8) -> (i64, i64) {
 /// rows must still check.
 #[derive(Clone, Copy)]
 struct Checked<'a> {
+    ty: BlockType,
     inputs: &'a Inputs,
     row_bytes: usize,
 }
@@ -487,7 +490,11 @@ impl<'a> Checked<'a> {
         };
         assert_eq!(made, inputs.n * d_in, "inputs rounded for {ty}");
         let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
-        Checked { inputs, row_bytes }
+        Checked {
+            ty,
+            inputs,
+            row_bytes,
+        }
     }
 }
 

@@ -10,8 +10,8 @@
 //!   set (CI sets it: its hosts, Intel Sapphire Rapids and Ice Lake and AMD Zen 4, all have
 //!   AVX-512 VNNI), where it is a failure naming what is missing and the CPU, so a host
 //!   without the kernels cannot pass by running none of their tests. AMX and AVX512_BF16
-//!   are the exceptions: no CI host is sure to have them (Zen 4 lacks AMX, Ice Lake lacks either),
-//!   so a test that needs one on a CPU without it is skipped, saying so, whatever
+//!   are the exceptions: no CI host is sure to have them (Zen 4 lacks AMX, Ice Lake lacks
+//!   both), so a test that needs one on a CPU without it is skipped, saying so, whatever
 //!   `REQUIRE_KERNELS` says.
 
 use super::{Tier, detected, tier};

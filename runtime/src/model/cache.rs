@@ -319,17 +319,8 @@ impl<B: KernelBackend> LayerCache<B> {
     fn resize(&mut self, keep: usize, rows: usize) {
         // At least one fresh row, so that the result is always a new buffer.
         let rows = rows.max(keep + 1);
-        let dtype = self.dtype;
-        let resized = |buffer: &Tensor<B, 3>| {
-            let [batch, _, width] = buffer.dims();
-            let fresh = B::kv_buffer([batch, rows - keep, width], dtype, &buffer.device());
-            if keep == 0 {
-                return fresh;
-            }
-            Tensor::cat(vec![buffer.clone().narrow(1, 0, keep), fresh], 1)
-        };
-        self.keys = resized(&self.keys);
-        self.values = resized(&self.values);
+        self.keys = B::kv_resize(&self.keys, keep, rows, self.dtype);
+        self.values = B::kv_resize(&self.values, keep, rows, self.dtype);
     }
 }
 

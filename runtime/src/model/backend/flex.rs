@@ -23,7 +23,7 @@ use kernels::team;
 use kernels::{dpbf16, int8, linear};
 use rayon::prelude::*;
 
-use super::{KernelBackend, KvBuffers, KvDtype, LayerTensors, reference, take};
+use super::{KernelBackend, KvBuffers, KvDtype, LayerTensors, aligned, reference, take};
 use crate::FlexBackend;
 use crate::model::rope::RopeRows;
 
@@ -180,14 +180,46 @@ impl KernelBackend for FlexBackend {
         Some(from_flex(out))
     }
 
-    /// A buffer of `dtype` itself: an f16 or bf16 cache is half the bytes to read.
+    /// A buffer of `dtype` itself (an f16 or bf16 cache is half the bytes to read), starting
+    /// on a cache line ([`aligned`]).
     fn kv_buffer(shape: [usize; 3], dtype: KvDtype, _device: &Self::Device) -> Tensor<Self, 3> {
         let dtype = match dtype {
             KvDtype::F32 => DType::F32,
             KvDtype::F16 => DType::F16,
             KvDtype::Bf16 => DType::BF16,
         };
-        from_flex(FlexTensor::zeros(Shape::from(shape), dtype))
+        let bytes = aligned::zeroed_bytes(shape.iter().product::<usize>() * dtype.size());
+        let layout = Layout::contiguous(Shape::from(shape));
+        from_flex(FlexTensor::new(bytes, layout, dtype))
+    }
+
+    /// A fresh [`Self::kv_buffer`] and the kept positions' bytes copied into it (a
+    /// concatenation would put them in the allocator's memory, off the cache line).
+    fn kv_resize(
+        buffer: &Tensor<Self, 3>,
+        keep: usize,
+        rows: usize,
+        dtype: KvDtype,
+    ) -> Tensor<Self, 3> {
+        let [batch, capacity, width] = buffer.dims();
+        assert!(keep <= capacity.min(rows), "kv_resize: {keep} rows kept");
+        let mut fresh = flex(Self::kv_buffer(
+            [batch, rows, width],
+            dtype,
+            &Default::default(),
+        ));
+        if keep > 0 {
+            let old = contiguous(buffer);
+            assert_eq!(old.dtype(), fresh.dtype(), "kv_resize: the cache's dtype");
+            with_stored!(old.dtype(), S => {
+                let from = old.storage::<S>().chunks_exact(capacity * width);
+                let to = fresh.storage_mut::<S>().chunks_exact_mut(rows * width);
+                for (from, to) in from.zip(to) {
+                    to[..keep * width].copy_from_slice(&from[..keep * width]);
+                }
+            });
+        }
+        from_flex(fresh)
     }
 
     fn causal_attention(

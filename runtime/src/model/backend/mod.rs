@@ -5,6 +5,7 @@
 //! [`kernels`] (`flex.rs`). burn-ndarray, kept for comparison, uses the defaults, which
 //! are also what the tests hold the kernels to.
 
+mod aligned;
 mod flex;
 pub mod reference;
 
@@ -174,6 +175,23 @@ pub trait KernelBackend: Backend {
     /// rounded to it: the cache type's numbers, not its bytes.
     fn kv_buffer(shape: [usize; 3], _dtype: KvDtype, device: &Self::Device) -> Tensor<Self, 3> {
         Tensor::zeros(shape, device)
+    }
+
+    /// A new buffer like `buffer` (from [`Self::kv_buffer`]) of `rows` positions, holding
+    /// its first `keep` (copied: the new buffer shares nothing with `buffer`, which may be
+    /// another cache's): how a KV cache grows, and how a fork starts.
+    fn kv_resize(
+        buffer: &Tensor<Self, 3>,
+        keep: usize,
+        rows: usize,
+        dtype: KvDtype,
+    ) -> Tensor<Self, 3> {
+        let [batch, _, width] = buffer.dims();
+        let fresh = Self::kv_buffer([batch, rows - keep, width], dtype, &buffer.device());
+        if keep == 0 {
+            return fresh;
+        }
+        Tensor::cat(vec![buffer.clone().narrow(1, 0, keep), fresh], 1)
     }
 
     /// Writes `rows: [batch, seq, width]`, rounded to `dtype`, over positions

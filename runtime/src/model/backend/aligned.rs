@@ -1,11 +1,11 @@
 //! KV cache buffers that start on a cache line.
 //!
 //! Why: decoding's attention reads the cache in 64-byte loads (sixteen f32 of a head's
-//! key or value), and every model's cache row is a whole number of cache lines wide, so
+//! key or value), and the cache rows of the models we run are whole cache lines wide, so
 //! from a buffer that starts on a line every load reads one line. Burn's buffers come from
-//! the allocator, which puts a large one 16 bytes past a line: every load then straddles
-//! two lines, and the attention of a SmolLM2-shaped token ran about a quarter slower for it
-//! (docs/BENCHMARKS.md, 2026-11-30, session 36).
+//! the allocator, which puts a large one 16 bytes past a line: every load then straddled
+//! two lines, and a SmolLM2-shaped token's attention took about a third longer where the
+//! cache sat in the CPU's caches (docs/BENCHMARKS.md, 2026-11-30, session 36).
 
 use std::alloc::{self, Layout};
 use std::mem::MaybeUninit;

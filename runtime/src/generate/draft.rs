@@ -74,7 +74,7 @@ const LONGEST_PAUSE: usize = 512;
 const UNPAID_PAUSES: usize = 2;
 /// A draft model's drafts go on past a token while the model gives it at least this
 /// chance, where a draft model's pass costs a sizable share of a step
-/// ([`Drafter::least_chance`]). (llama.cpp's drafts end at the first token under its
+/// ([`Drafter::least_chances`]). (llama.cpp's drafts end at the first token under its
 /// `--draft-p-min`, 0.75 by default in common/speculative.h.)
 const LEAST_CHANCE: f32 = 0.75;
 /// The share of a step a draft model's pass may cost (with the row it adds to the verify
@@ -87,7 +87,7 @@ const CATCH_UP_ROWS: usize = 4;
 /// A sequence's drafter and how well its drafts have done; drafting pauses itself while
 /// it does not pay. Prompt lookup's draft length adapts to what is accepted. A draft
 /// model's drafts go on while one more token is worth its cost
-/// ([`Self::least_chance`]); once timed, drafting pauses where its steps make tokens
+/// ([`Self::least_chances`]); once timed, drafting pauses where its steps make tokens
 /// slower than plain steps would, by more than catching up after the pause costs.
 #[derive(Debug, Clone)]
 pub struct Drafter {
@@ -99,6 +99,11 @@ pub struct Drafter {
     length: usize,
     /// Mean tokens accepted per draft.
     accepted: f32,
+    /// Drafts as runs of kept tokens ended by one rejected or by the draft's end, moving
+    /// averages: the tokens kept, and whether one was rejected. Their ratio is the chance
+    /// a drafted token is kept after its predecessor was ([`Self::kept_chance`]).
+    kept_run: f32,
+    broken: f32,
     /// Steps left before drafting again, and the next pause's length.
     paused: usize,
     next_pause: usize,
@@ -131,6 +136,8 @@ impl Drafter {
             limit: MAX_DRAFT,
             length: FIRST_DRAFT,
             accepted: 1.0,
+            kept_run: FIRST_DRAFT as f32,
+            broken: 1.0,
             paused: 0,
             next_pause: FIRST_PAUSE,
             unpaid_pauses: 0,
@@ -153,9 +160,39 @@ impl Drafter {
             return 0;
         }
         match self.kind {
-            Draft::Ngram => self.length.min(self.limit).min(limit),
+            Draft::Ngram => self.fastest_length(self.length.min(self.limit).min(limit)),
             Draft::Model => self.limit.min(limit),
         }
+    }
+
+    /// The draft length from 1 to `most` (0 stays 0) that makes tokens fastest once passes
+    /// are timed: a draft of `k` makes `1 + c + c² + ... + c^k` tokens on average, where `c`
+    /// is [`Self::kept_chance`], in a pass of `k` more rows, which costs what such passes
+    /// took. A pass's time is not a straight line in its rows: where the products of more
+    /// rows than the kernels take at once go over the weights twice, a row past that costs
+    /// several rows' time, and a long draft that is mostly kept can still lose to a shorter
+    /// one.
+    fn fastest_length(&self, most: usize) -> usize {
+        let chance = self.kept_chance();
+        let (mut best, mut best_rate) = (most.min(1), 0.0);
+        let (mut tokens, mut run) = (1.0, 1.0);
+        for k in 1..=most {
+            run *= chance;
+            tokens += run;
+            let Some(seconds) = self.passes.seconds(self.others + 1 + k) else {
+                return most;
+            };
+            if tokens / seconds > best_rate {
+                (best, best_rate) = (k, tokens / seconds);
+            }
+        }
+        best
+    }
+
+    /// The chance that a drafted token is kept when the one before it was, from the
+    /// recent drafts' runs of kept tokens.
+    fn kept_chance(&self) -> f32 {
+        self.kept_run / (self.kept_run + self.broken)
     }
 
     /// Up to `limit` tokens that may follow `history` by prompt lookup ([`ngram`]), as
@@ -185,23 +222,24 @@ impl Drafter {
             };
         }
         self.accepted += AVERAGE_WEIGHT * (accepted as f32 - self.accepted);
-        let pays = match (self.passes.fit(), self.draft_seconds) {
-            (Some(pass), draft_seconds) if draft_seconds > 0.0 => {
+        self.kept_run += AVERAGE_WEIGHT * (accepted as f32 - self.kept_run);
+        let broken = f32::from(u8::from(accepted < drafted));
+        self.broken += AVERAGE_WEIGHT * (broken - self.broken);
+        let rows = self.others + 1;
+        let pass = |rows: usize| self.passes.seconds(rows);
+        let pays = match (pass(rows), pass(rows + drafted), self.draft_seconds) {
+            (Some(plain), Some(checked), draft_seconds) if draft_seconds > 0.0 => {
                 // The step made `1 + accepted` tokens, which plain steps make in as many
                 // one-row passes (beside the batch's other rows).
-                let rows = self.others + 1;
                 // A draft of k tokens is k passes: the first runs what the model lacks,
                 // each of the others the token before.
                 average(&mut self.pass_seconds, draft_seconds / drafted as f32);
-                let step = Made::step(
-                    (1 + accepted) as f32 * pass.seconds(rows),
-                    draft_seconds + pass.seconds(rows + drafted),
-                );
+                let step = Made::step((1 + accepted) as f32 * plain, draft_seconds + checked);
                 let made = self.made.map_or(step, |mean| mean.average(step));
                 self.made = Some(made);
                 // A paused draft model catches up afterwards on the tokens it let by: a
                 // pause is worth it only if drafting loses more than that costs a step.
-                let catch_up = self.catch_up_seconds / pass.seconds(rows);
+                let catch_up = self.catch_up_seconds / plain;
                 let gains = made.plain * (1.0 + catch_up) > made.took;
                 if gains && made.steps >= TIMED_STEPS {
                     self.unpaid_pauses = 0;
@@ -220,27 +258,35 @@ impl Drafter {
             self.next_pause = (self.next_pause * 2).min(LONGEST_PAUSE);
             // Tried afresh after the pause.
             self.accepted = 1.0;
+            (self.kept_run, self.broken) = (FIRST_DRAFT as f32, 1.0);
             self.made = None;
             self.length = FIRST_DRAFT;
         }
     }
 
-    /// How likely, as the draft model gives it, its last drafted token must be for
-    /// drafting one more after it: [`LEAST_CHANCE`], less in proportion where one more
-    /// (another pass, another row of the verify pass) costs under [`CHEAP_PASS`] of the
-    /// step it may save, once [`TIMED_STEPS`] steps are timed. A model far cheaper than
-    /// the one it drafts for goes on through unsure tokens; one that costs half a step
-    /// stops at the first.
-    pub fn least_chance(&self) -> f32 {
+    /// How likely, as the draft model gives it, each drafted token must be for drafting
+    /// one more after it (entry `j` for the one after the `j + 1`th; `wanted - 1` of them):
+    /// [`LEAST_CHANCE`], less in proportion where one more (another pass, another row of the
+    /// verify pass) costs under [`CHEAP_PASS`] of the step it may save, more where it costs
+    /// more than that chance of a step, once [`TIMED_STEPS`] steps are timed. A model far
+    /// cheaper than the one it drafts for goes on through unsure tokens; one that costs
+    /// half a step stops at the first; none drafts a token whose row costs a step or more
+    /// (a row past what the kernels take in one go over the weights can).
+    pub fn least_chances(&self, wanted: usize) -> Vec<f32> {
         let timed = self.made.is_some_and(|made| made.steps >= TIMED_STEPS);
-        match self.passes.fit() {
-            Some(pass) if timed => {
-                let step = pass.seconds(self.others + 1);
-                let share = (self.pass_seconds + pass.per_row) / step;
-                LEAST_CHANCE * (share / CHEAP_PASS).min(1.0)
-            }
-            _ => LEAST_CHANCE,
-        }
+        let rows = self.others + 1;
+        (1..wanted)
+            .map(|j| {
+                let times = (self.passes.seconds(rows)).zip(self.passes.seconds(rows + j + 1));
+                match times.zip(self.passes.seconds(rows + j)) {
+                    Some(((step, with), without)) if timed => {
+                        let share = (self.pass_seconds + (with - without).max(0.0)) / step;
+                        (LEAST_CHANCE * (share / CHEAP_PASS).min(1.0)).max(share)
+                    }
+                    _ => LEAST_CHANCE,
+                }
+            })
+            .collect()
     }
 
     /// Learns that the draft model took `seconds` to draft the tokens about to be checked
@@ -306,10 +352,15 @@ impl Made {
 /// lengths needs more of them than a mean.
 const PASS_WEIGHT: f32 = 0.1;
 
-/// A pass's time against its rows, as a straight line through the recent passes (least
-/// squares over moving averages): a verify pass of more rows costs more, by an amount
+/// Rows up to which [`PassTimes`] keeps each row count's passes apart.
+const TIMED_ROWS: usize = 32;
+
+/// A pass's time against its rows: a verify pass of more rows costs more, by an amount
 /// that depends on the host, the model and the weights' format, so it is measured, not
-/// assumed.
+/// assumed. Each row count's passes are averaged apart, since the cost is not a line (the
+/// kernels take a few rows per read of the weights, and a row past that costs several);
+/// a row count not yet seen is read off a straight line through the recent passes (least
+/// squares over moving averages).
 #[derive(Debug, Clone, Copy, Default)]
 struct PassTimes {
     /// Moving averages of rows, seconds, rows squared and rows times seconds; `seen`
@@ -319,6 +370,8 @@ struct PassTimes {
     rows_squared: f32,
     rows_seconds: f32,
     seen: usize,
+    /// Moving averages of the passes of each number of rows (0: none seen).
+    by_rows: [f32; TIMED_ROWS],
 }
 
 /// A pass's time as `base + per_row * rows`.
@@ -347,6 +400,21 @@ impl PassTimes {
             *mean += weight * (sample - *mean);
         }
         self.seen += 1;
+        if let Some(mean) = self.by_rows.get_mut(rows) {
+            *mean = match *mean {
+                0.0 => seconds,
+                mean => mean + PASS_WEIGHT * (seconds - mean),
+            };
+        }
+    }
+
+    /// What a pass of `rows` rows takes: as such passes took, or as the line says (none
+    /// before any pass was timed).
+    fn seconds(&self, rows: usize) -> Option<f32> {
+        match self.by_rows.get(rows) {
+            Some(&seconds) if seconds > 0.0 => Some(seconds),
+            _ => self.fit().map(|line| line.seconds(rows)),
+        }
     }
 
     /// The line, once passes were timed. While they all had the same rows, a row adds
@@ -395,8 +463,9 @@ pub fn catch_up<B: KernelBackend>(
 
 /// Up to `wanted` tokens drafted by `model`, greedily, after `history`, its KV cache
 /// `cache` holding the model's run of `history`'s first tokens (at least one is not yet in
-/// it): at least one, then more while the model gives the last at least `least_chance`.
-/// All but the last are then in the cache.
+/// it): at least one, then more while the model gives the last at least the chance
+/// `least_chances` asks after as many (its entry `j` after the `j + 1`th; past its end,
+/// none). All but the last are then in the cache.
 ///
 /// The tokens it lacks go through the decoding kernels in one pass, as a verify pass does:
 /// between two drafts, one or two (the pick after what was kept, and the last drafted token
@@ -407,7 +476,7 @@ pub fn from_model<B: KernelBackend>(
     cache: &mut KvCache<B>,
     history: &[u32],
     wanted: usize,
-    least_chance: f32,
+    least_chances: &[f32],
 ) -> Result<Vec<u32>, GenerateError> {
     let behind = &history[cache.len()..];
     let mut logits = model.decode_rows(behind, &mut [&mut *cache], &[behind.len()])?;
@@ -417,8 +486,10 @@ pub fn from_model<B: KernelBackend>(
     loop {
         let token = argmax(&logits);
         drafted.push(token);
-        if drafted.len() == wanted || top_chance(&mut logits) < least_chance {
-            return Ok(drafted);
+        let least_chance = least_chances.get(drafted.len() - 1);
+        match least_chance {
+            Some(&least) if drafted.len() < wanted && top_chance(&mut logits) >= least => {}
+            _ => return Ok(drafted),
         }
         logits = model.forward_logits(&[token], cache, false)?;
     }
@@ -488,17 +559,106 @@ mod tests {
         let least_chance = |pass: f32| {
             let mut drafter = Drafter::new(Draft::Model);
             for _ in 0..TIMED_STEPS {
-                assert_eq!(drafter.least_chance(), LEAST_CHANCE);
+                assert_eq!(drafter.least_chances(2), [LEAST_CHANCE]);
                 drafter.drafting_took(2.0 * pass);
                 drafter.step_took(3, 3, 0.010);
                 drafter.learn(2, 2);
             }
-            drafter.least_chance()
+            drafter.least_chances(2)[0]
         };
         // A pass of 0.25 ms, a fortieth of a step: a tenth of the chance.
         assert!((least_chance(0.00025) - LEAST_CHANCE / 10.0).abs() < 1e-6);
         // Of 4 ms: all of it.
         assert_eq!(least_chance(0.004), LEAST_CHANCE);
+        // Of 9 ms: more than that, its share of the step.
+        assert!((least_chance(0.009) - 0.9).abs() < 1e-6);
+    }
+
+    /// A drafter whose passes of `rows` rows took `pass(rows)` seconds, each row count
+    /// from 1 to 13 timed a few times, and whose drafts were all kept (`drafts` of them,
+    /// a draft model's taking `draft_pass` seconds a token).
+    fn timed(kind: Draft, pass: impl Fn(usize) -> f32, drafts: usize, draft_pass: f32) -> Drafter {
+        let mut drafter = Drafter::new(kind);
+        for _ in 0..3 {
+            for rows in 1..=13 {
+                drafter.step_took(rows, rows, pass(rows));
+            }
+        }
+        for _ in 0..drafts {
+            if kind == Draft::Model {
+                drafter.drafting_took(2.0 * draft_pass);
+            }
+            drafter.step_took(3, 3, pass(3));
+            drafter.learn(2, 2);
+        }
+        drafter
+    }
+
+    /// 10 ms and 1 ms a row up to seven rows; each row past seven 6 ms more, as where the
+    /// kernels go over the weights again for more than seven.
+    fn jump_past_seven(rows: usize) -> f32 {
+        0.010 + 0.001 * rows as f32 + 0.006 * rows.saturating_sub(7) as f32
+    }
+
+    #[test]
+    fn pass_times_keep_each_row_count_apart() {
+        let drafter = timed(Draft::Ngram, jump_past_seven, 0, 0.0);
+        for rows in [1, 7, 8, 13] {
+            let seconds = drafter.passes.seconds(rows).expect("timed");
+            assert!(
+                (seconds - jump_past_seven(rows)).abs() < 1e-6,
+                "{rows}: {seconds}"
+            );
+        }
+        // A row count never timed: off the line through the others.
+        let line = drafter.passes.fit().expect("timed");
+        assert_eq!(drafter.passes.seconds(20), Some(line.seconds(20)));
+        assert!(line.per_row > 0.001);
+    }
+
+    #[test]
+    fn prompt_lookup_drafts_as_far_as_rows_pay() {
+        // Every draft kept: a chance near 1 that the next is too.
+        let line = |rows: usize| 0.010 + 0.001 * rows as f32;
+        let cheap = timed(Draft::Ngram, line, 8, 0.0);
+        assert!(cheap.kept_chance() > 0.9, "{}", cheap.kept_chance());
+        assert_eq!(cheap.fastest_length(MAX_DRAFT), MAX_DRAFT);
+        // Rows past seven cost 7 ms each: seven rows, a draft of six, make more tokens a
+        // second than thirteen.
+        let jump = timed(Draft::Ngram, jump_past_seven, 8, 0.0);
+        assert_eq!(jump.fastest_length(MAX_DRAFT), 6);
+        assert_eq!(jump.fastest_length(4), 4);
+        assert_eq!(jump.fastest_length(0), 0);
+        // Untimed: as long as asked.
+        assert_eq!(Drafter::new(Draft::Ngram).fastest_length(9), 9);
+    }
+
+    #[test]
+    fn a_draft_model_drafts_no_token_whose_row_costs_a_step() {
+        // Steps of 11 ms (one row). A 1 ms draft pass with a 1 ms row is 0.18 of a step:
+        // drafts go on through tokens at 0.55; a row past seven, 7 ms, brings it to 0.73,
+        // and then the chance asked is LEAST_CHANCE.
+        let cheap = timed(Draft::Model, jump_past_seven, TIMED_STEPS, 0.001);
+        let chances = cheap.least_chances(MAX_DRAFT);
+        assert_eq!(chances.len(), MAX_DRAFT - 1);
+        assert!(
+            chances[..5]
+                .iter()
+                .all(|&c| (c - 0.75 * 0.002 / 0.011 / CHEAP_PASS).abs() < 1e-4)
+        );
+        assert!(
+            chances[5..].iter().all(|&c| c == LEAST_CHANCE),
+            "{chances:?}"
+        );
+        // A 5 ms draft pass: LEAST_CHANCE up to seven rows; past them a row and a draft
+        // cost more than the step they may save, and no chance is enough.
+        let dear = timed(Draft::Model, jump_past_seven, TIMED_STEPS, 0.005);
+        let chances = dear.least_chances(MAX_DRAFT);
+        assert!(
+            chances[..5].iter().all(|&c| c == LEAST_CHANCE),
+            "{chances:?}"
+        );
+        assert!(chances[5..].iter().all(|&c| c > 1.0), "{chances:?}");
     }
 
     /// A draft model drafting one token a step, `seconds` a draft, whose drafts are kept

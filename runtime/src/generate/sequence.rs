@@ -120,8 +120,8 @@ impl<B: KernelBackend> Sequence<'_, B> {
                 let caught_up = cache.len() - before;
                 drafter.catching_up_took(caught_up, started.elapsed().as_secs_f32());
                 let started = Instant::now();
-                let least_chance = drafter.least_chance();
-                let drafted = from_model(model, cache, &self.history, wanted, least_chance)?;
+                let least_chances = drafter.least_chances(wanted);
+                let drafted = from_model(model, cache, &self.history, wanted, &least_chances)?;
                 drafter.drafting_took(started.elapsed().as_secs_f32());
                 Ok(drafted)
             }

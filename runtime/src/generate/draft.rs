@@ -87,8 +87,9 @@ const CATCH_UP_ROWS: usize = 4;
 /// A sequence's drafter and how well its drafts have done; drafting pauses itself while
 /// it does not pay. Prompt lookup's draft length adapts to what is accepted and to what
 /// the verify passes' rows cost (`fastest_length`). A draft model's drafts go on while
-/// one more token is worth its cost ([`Self::least_chances`]); once timed, drafting pauses where its steps make tokens
-/// slower than plain steps would, by more than catching up after the pause costs.
+/// one more token is worth its cost ([`Self::least_chances`]); once timed, drafting
+/// pauses where its steps make tokens slower than plain steps would, by more than catching
+/// up after the pause costs.
 #[derive(Debug, Clone)]
 pub struct Drafter {
     pub kind: Draft,

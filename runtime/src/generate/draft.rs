@@ -276,16 +276,15 @@ impl Drafter {
     pub fn least_chances(&self, wanted: usize) -> Vec<f32> {
         let timed = self.made.is_some_and(|made| made.steps >= TIMED_STEPS);
         let rows = self.others + 1;
+        let seconds = |rows: usize| self.passes.seconds(rows);
+        let step = seconds(rows).filter(|_| timed);
         (1..wanted)
-            .map(|j| {
-                let times = (self.passes.seconds(rows)).zip(self.passes.seconds(rows + j + 1));
-                match times.zip(self.passes.seconds(rows + j)) {
-                    Some(((step, with), without)) if timed => {
-                        let share = (self.pass_seconds + (with - without).max(0.0)) / step;
-                        (LEAST_CHANCE * (share / CHEAP_PASS).min(1.0)).max(share)
-                    }
-                    _ => LEAST_CHANCE,
+            .map(|j| match (step, seconds(rows + j), seconds(rows + j + 1)) {
+                (Some(step), Some(without), Some(with)) => {
+                    let share = (self.pass_seconds + (with - without).max(0.0)) / step;
+                    (LEAST_CHANCE * (share / CHEAP_PASS).min(1.0)).max(share)
                 }
+                _ => LEAST_CHANCE,
             })
             .collect()
     }
@@ -314,9 +313,14 @@ impl Drafter {
 
 /// Folds `sample` into the moving average `mean` (0: none yet).
 fn average(mean: &mut f32, sample: f32) {
+    average_by(mean, sample, AVERAGE_WEIGHT);
+}
+
+/// [`average`] with the newest sample weighing `weight`.
+fn average_by(mean: &mut f32, sample: f32, weight: f32) {
     *mean = match *mean {
         0.0 => sample,
-        mean => mean + AVERAGE_WEIGHT * (sample - mean),
+        mean => mean + weight * (sample - mean),
     };
 }
 
@@ -402,10 +406,7 @@ impl PassTimes {
         }
         self.seen += 1;
         if let Some(mean) = self.by_rows.get_mut(rows) {
-            *mean = match *mean {
-                0.0 => seconds,
-                mean => mean + PASS_WEIGHT * (seconds - mean),
-            };
+            average_by(mean, seconds, PASS_WEIGHT);
         }
     }
 

@@ -229,25 +229,63 @@ impl Kernel for Q8_0 {
 struct Q4_0;
 
 impl Q4_0 {
-    /// The `blocks` (2 or 4) blocks at `p`: low and high nibbles, and scales as lanes.
+    /// `vpermt2w` indices gathering the nibble bytes of a step's four blocks into the four
+    /// 128-bit lanes (block `k`'s sixteen bytes, words `9k + 1..9k + 9` of the step) from the
+    /// step's words 0-31 (the first source) and 4-35 (the second, read 8 bytes on).
+    const CODES: [i16; 32] = {
+        let mut index = [0i16; 32];
+        let mut i = 0;
+        while i < 32 {
+            let word = 9 * (i / 8) + 1 + i % 8;
+            index[i] = if word < 32 { word } else { 32 + word - 4 } as i16;
+            i += 1;
+        }
+        index
+    };
+
+    /// `vpermw` indices of the four scales' words (`9k`), each four times: lanes as the
+    /// `vpdpbusd` sums take them.
+    const SCALES: [i16; 32] = {
+        let mut index = [0i16; 32];
+        let mut i = 0;
+        while i < 16 {
+            index[i] = (9 * (i / 4)) as i16;
+            i += 1;
+        }
+        index
+    };
+
+    /// The `blocks` (2 or 4) blocks at `p`: low and high nibbles, and scales as lanes. The
+    /// step's 72 bytes come in two loads and are sorted by two word permutations, one for
+    /// the codes and one for the scales: three shuffle-port operations a row, where
+    /// inserting each block's codes and each scale took nine, which made the kernel
+    /// shuffle-bound on a small model's short rows (docs/BENCHMARKS.md, session 38).
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,f16c")]
     unsafe fn step(p: *const u8, blocks: usize) -> (__m512i, __m512i, __m512) {
         unsafe {
-            let codes = |k: usize| _mm_loadu_si128(p.add(18 * k + 2).cast());
-            let scale = |k: usize| p.add(18 * k).cast::<i16>().read_unaligned();
-            let mut q = _mm512_inserti32x4::<1>(_mm512_zextsi128_si512(codes(0)), codes(1));
-            let mut d = _mm_setr_epi16(scale(0), scale(1), 0, 0, 0, 0, 0, 0);
-            if blocks == 4 {
-                q = _mm512_inserti32x4::<3>(_mm512_inserti32x4::<2>(q, codes(2)), codes(3));
-                d = _mm_setr_epi16(scale(0), scale(1), scale(2), scale(3), 0, 0, 0, 0);
-            }
+            let (first, second) = if blocks == 4 {
+                (
+                    _mm512_loadu_si512(p.cast()),
+                    _mm512_loadu_si512(p.add(8).cast()),
+                )
+            } else {
+                // Two blocks, 36 bytes, at a row's end: only they are read, and the lanes
+                // of the two missing blocks are zero (their scales too, so no NaN enters).
+                (
+                    _mm512_maskz_loadu_epi16(0x3_ffff, p.cast()),
+                    _mm512_setzero_si512(),
+                )
+            };
+            let codes = _mm512_loadu_si512(Self::CODES.as_ptr().cast());
+            let scales = _mm512_loadu_si512(Self::SCALES.as_ptr().cast());
+            let q = _mm512_permutex2var_epi16(first, codes, second);
+            let d = _mm512_permutexvar_epi16(scales, first);
             let nibbles = _mm512_set1_epi8(0x0f);
-            let lanes = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
             (
                 _mm512_and_si512(q, nibbles),
                 _mm512_and_si512(_mm512_srli_epi16::<4>(q), nibbles),
-                _mm512_permutexvar_ps(lanes, _mm512_castps128_ps512(_mm_cvtph_ps(d))),
+                _mm512_cvtph_ps(_mm512_castsi512_si256(d)),
             )
         }
     }

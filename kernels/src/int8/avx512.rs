@@ -343,6 +343,12 @@ impl Kernel for Q4_0 {
 /// read 64 at a time, the low nibbles groups 0 and 2 (4 and 6), the high 1 and 3 (5, 7).
 struct Q4K;
 
+impl Q4K {
+    /// `vpermw` indices taking the eight mins (words 8-15 of the block's scales and mins
+    /// widened together) twice each.
+    const MIN_PAIRS: [i16; 16] = [8, 8, 9, 9, 10, 10, 11, 11, 12, 12, 13, 13, 14, 14, 15, 15];
+}
+
 impl Kernel for Q4K {
     #[inline]
     #[target_feature(enable = "avx512f,avx512bw,avx512dq,avx512vl,avx512vnni,f16c,fma,avx2")]
@@ -357,18 +363,22 @@ impl Kernel for Q4K {
         let mut acc = [[_mm512_setzero_ps(); R]; V];
         for block in 0..d_in / 256 {
             unsafe {
-                let mut d = [(0.0, 0.0); R];
+                let mut d = [_mm_setzero_ps(); R];
                 let mut scales = [_mm512_setzero_si512(); R];
                 let mut mins = [_mm256_setzero_si256(); R];
                 for r in 0..R {
                     let p = rows[r].add(block * 144);
                     fetch(p, row_bytes, 144);
-                    d[r] = (half(p), half(p.add(2)));
+                    // The block's two f16 scales in one conversion: lanes `[d, dmin, 0, 0]`.
+                    let halves = _mm_cvtsi32_si128(p.cast::<i32>().read_unaligned());
+                    d[r] = _mm_cvtph_ps(halves);
+                    // Scales (words 0-7) and mins (8-15) widened at once; each min twice: a
+                    // sum of 16 inputs per lane, two per group.
                     let (s, m) = scales_mins(p.add(4));
-                    scales[r] = _mm512_castsi128_si512(_mm_cvtepu8_epi16(_mm_cvtsi64_si128(s)));
-                    // Each min twice: a sum of 16 inputs per lane, two per group.
-                    let m = _mm_cvtsi64_si128(m);
-                    mins[r] = _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m));
+                    let both = _mm256_cvtepu8_epi16(_mm_set_epi64x(m, s));
+                    scales[r] = _mm512_castsi256_si512(both);
+                    let pairs = _mm256_loadu_si256(Self::MIN_PAIRS.as_ptr().cast());
+                    mins[r] = _mm256_permutexvar_epi16(pairs, both);
                 }
                 let mut dots = [[_mm512_setzero_si512(); R]; V];
                 for half in 0..2 {
@@ -393,15 +403,17 @@ impl Kernel for Q4K {
                 }
                 for v in 0..V {
                     let k = vectors[v] * d_in / 256 + block;
-                    let dx = *inputs.scales256.get_unchecked(k);
+                    let dx = _mm_set1_ps(*inputs.scales256.get_unchecked(k));
                     let sums = _mm256_loadu_si256(inputs.sums16.as_ptr().add(16 * k).cast());
                     for r in 0..R {
-                        let (dq, dmin) = (d[r].0 * dx, -d[r].1 * dx);
+                        // `[d dx, dmin dx]`, each then in every lane.
+                        let scaled = _mm512_castps128_ps512(_mm_mul_ps(d[r], dx));
+                        let dq = _mm512_broadcastss_ps(_mm512_castps512_ps128(scaled));
+                        let dmin = _mm512_permutexvar_ps(_mm512_set1_epi32(1), scaled);
                         let values = _mm512_cvtepi32_ps(dots[v][r]);
-                        acc[v][r] = _mm512_fmadd_ps(values, _mm512_set1_ps(dq), acc[v][r]);
+                        acc[v][r] = _mm512_fmadd_ps(values, dq, acc[v][r]);
                         let m = _mm512_zextsi256_si512(_mm256_madd_epi16(mins[r], sums));
-                        acc[v][r] =
-                            _mm512_fmadd_ps(_mm512_cvtepi32_ps(m), _mm512_set1_ps(dmin), acc[v][r]);
+                        acc[v][r] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(m), dmin, acc[v][r]);
                     }
                 }
             }

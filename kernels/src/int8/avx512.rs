@@ -360,6 +360,8 @@ impl Kernel for Q4K {
         let d_in = inputs.d_in;
         let row_bytes = d_in / 256 * 144;
         let nibbles = _mm512_set1_epi8(0x0f);
+        // SAFETY: sixteen i16 read from a table of sixteen.
+        let min_pairs = unsafe { _mm256_loadu_si256(Self::MIN_PAIRS.as_ptr().cast()) };
         let mut acc = [[_mm512_setzero_ps(); R]; V];
         for block in 0..d_in / 256 {
             unsafe {
@@ -377,8 +379,7 @@ impl Kernel for Q4K {
                     let (s, m) = scales_mins(p.add(4));
                     let both = _mm256_cvtepu8_epi16(_mm_set_epi64x(m, s));
                     scales[r] = _mm512_castsi256_si512(both);
-                    let pairs = _mm256_loadu_si256(Self::MIN_PAIRS.as_ptr().cast());
-                    mins[r] = _mm256_permutexvar_epi16(pairs, both);
+                    mins[r] = _mm256_permutexvar_epi16(min_pairs, both);
                 }
                 let mut dots = [[_mm512_setzero_si512(); R]; V];
                 for half in 0..2 {

@@ -152,7 +152,13 @@ impl Kernel for Q8_0 {
 }
 
 /// Q4_0: a block (32 values, 18 bytes) a step, its sixteen bytes' low nibbles (values
-/// 0-15) and high nibbles (16-31) side by side in one register, minus 8.
+/// 0-15) and high nibbles (16-31) side by side in one register. The codes `q` go into
+/// `vpmaddubsw` as they are, unsigned, and the offset comes off the pairs as `8x`, made
+/// once per block for all the rows: the lanes' integers are those of `(q - 8) x`, with two
+/// instructions a row fewer than taking the signs. The sixteen bytes are loaded into both
+/// halves at once (a load, no shuffle), and the scale is broadcast as an f16 and
+/// converted in the register: the shuffle port, which the codes' insert and a scalar
+/// scale's moves kept busy, is left for the rest.
 struct Q4_0;
 
 impl Kernel for Q4_0 {
@@ -161,21 +167,26 @@ impl Kernel for Q4_0 {
     unsafe fn tile<const R: usize>(rows: [*const u8; R], inputs: &Inputs, b: usize) -> [f32; R] {
         let d_in = inputs.d_in;
         let row_bytes = d_in / 32 * 18;
-        let (nibbles, eight) = (_mm256_set1_epi8(0x0f), _mm256_set1_epi8(8));
+        let nibbles = _mm256_set1_epi8(0x0f);
+        // The high half's bytes shifted down to their high nibbles.
+        let high_half = _mm256_set_epi64x(4, 4, 0, 0);
         let mut acc = [_mm256_setzero_ps(); R];
         for block in 0..d_in / 32 {
             let base = b * d_in + block * 32;
             unsafe {
                 let x = _mm256_loadu_si256(inputs.q32.as_ptr().add(base).cast());
-                let dx = *inputs.d32.get_unchecked(base / 32);
+                let offsets = _mm256_maddubs_epi16(_mm256_set1_epi8(8), x);
+                let dx = _mm256_set1_ps(*inputs.d32.get_unchecked(base / 32));
                 for r in 0..R {
                     let p = rows[r].add(block * 18);
                     fetch(p, row_bytes, 18);
-                    let bytes = _mm_loadu_si128(p.add(2).cast());
-                    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(bytes), bytes);
-                    let w = _mm256_sub_epi8(_mm256_and_si256(both, nibbles), eight);
-                    let scale = _mm256_set1_ps(half(p) * dx);
-                    let dot = signed_dot(w, x);
+                    let bytes = _mm256_broadcastsi128_si256(_mm_loadu_si128(p.add(2).cast()));
+                    let q = _mm256_and_si256(_mm256_srlv_epi64(bytes, high_half), nibbles);
+                    // Each pair at most 15 * 127 * 2 = 3810, less at most 8 * 128 * 2.
+                    let pairs = _mm256_sub_epi16(_mm256_maddubs_epi16(q, x), offsets);
+                    let dot = _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+                    let d = _mm_set1_epi16(p.cast::<i16>().read_unaligned());
+                    let scale = _mm256_mul_ps(_mm256_cvtph_ps(d), dx);
                     acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), scale, acc[r]);
                 }
             }

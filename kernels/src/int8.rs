@@ -102,7 +102,8 @@ pub fn runs(ty: BlockType, d_in: usize) -> bool {
 }
 
 /// Whether this CPU has the int8 kernels for decoding: the AVX2 tier or above (see
-/// [`crate::cpu::Tier`]). The products of many rows (a prompt, [`rows`]) need VNNI.
+/// [`crate::cpu::Tier`]). The products of many rows (a prompt, [`rows`]) need VNNI
+/// for Q8_0.
 pub fn available() -> bool {
     cpu::tier() >= Tier::Avx2
 }

@@ -7,8 +7,8 @@
 //! failure) and at a tier without the kernels (int8: AVX2; bf16: AVX512_BF16), where every
 //! product is exact: a CPU without the int8 kernels is a failure under `REQUIRE_KERNELS`
 //! (`kernels::cpu::testing`; AVX512_BF16 stays optional), a tier lowered by `RUNTIME_CPU`
-//! never. Below the AVX-512 VNNI tier prompts take the exact products (no int8 prompt
-//! kernel).
+//! never. Below the AVX-512 VNNI tier Q8_0 prompts take the exact products (the AVX2 prompt
+//! kernel takes 4- and 6-bit codes only).
 //!
 //! "A token at a time" is the decoding kernels on every position they score, the positions
 //! cut into streams decoded together (a step reads the weights once for all of them, and
@@ -298,7 +298,7 @@ fn follows_llama_cpp(golden: &LlamaCpp, ours: &Scored<Vec<f64>>, path: &str) {
 /// quant.rs); the int8 path over the whole text as a prompt (llama.cpp's is one too) has
 /// llama.cpp's perplexity within the tolerance, and its distributions, taken over
 /// llama.cpp's 8 most likely tokens and the rest, within the bound. Below the VNNI tier a
-/// prompt's products are exact (perplexity -0.80% from llama.cpp's int8 over this text);
+/// Q8_0 prompt's products are exact (perplexity -0.80% from llama.cpp's int8 over this text);
 /// the bounds hold them all the same.
 #[test]
 fn int8_prompt_follows_llama_cpp_on_q8_0() {
@@ -368,8 +368,15 @@ fn stays_near_the_exact_ones(ty: &str) {
             kl < KL_BOUND,
             "{ty} {path}: mean KL from the exact products {kl}"
         );
-        // Prompts take int8 products only where the prompt kernel runs.
-        if path == "decode" || kernels::int8::rows::runs(BlockType::Q8_0, 576) {
+        // Prompts take int8 products only where the prompt kernel runs (1536: down_proj's
+        // inputs, which every type's blocks divide).
+        let block = match ty {
+            "q8_0" => BlockType::Q8_0,
+            "q4_0" => BlockType::Q4_0,
+            "q4_k" => BlockType::Q4K,
+            _ => BlockType::Q6K,
+        };
+        if path == "decode" || kernels::int8::rows::runs(block, 1536) {
             assert!(kl > 0.0, "{ty} {path}: the int8 products did not run");
         }
     }

@@ -1,7 +1,8 @@
 //! Products of many rows (a prompt) with quantized weights (Q8_0, Q4_0, Q4_K, Q6_K), the
 //! rows rounded to 8-bit integers first as for decoding (see [`super`]): per 32 for Q8_0
-//! and Q4_0, per 256 for the K-quants. The int8 counterpart of [`crate::panels`],
-//! on the AVX-512 VNNI tier.
+//! and Q4_0, per 256 for the K-quants. The int8 counterpart of [`crate::panels`]: on the
+//! AVX-512 VNNI tier every type, below it (`avx2.rs`) the types whose codes take at most 6
+//! bits.
 //!
 //! Why: an f32 FMA does 16 multiply-adds, a `vpdpbusd` 64. A panel of 16 weight rows over
 //! a step of 256 inputs is unpacked once into bytes laid out as `vpdpbusd` reads them
@@ -24,8 +25,8 @@ use std::ops::Range;
 
 use rayon::prelude::*;
 
-use super::Format;
-use crate::cpu::{self, Tier, multiversioned};
+use super::{Format, Kernels};
+use crate::cpu::multiversioned;
 use crate::quant::{BlockType, scale_min_k4};
 use crate::team::OutPtr;
 
@@ -42,9 +43,22 @@ const GROUP: usize = 4 * NR;
 const QK: usize = 256;
 
 /// Whether this CPU runs [`linear_rows`] for `ty` rows of `d_in`: the decoding kernels'
-/// types and shapes, on the AVX-512 VNNI tier (elsewhere prompts take the exact path).
+/// types and shapes, on the AVX-512 VNNI tier; below it, those whose codes take at most 6
+/// bits (elsewhere prompts take the exact path).
 pub fn runs(ty: BlockType, d_in: usize) -> bool {
-    super::runs(ty, d_in) && cpu::tier() >= Tier::Avx512Vnni
+    runs_on(ty, d_in, Kernels::here())
+}
+
+/// [`runs`] with the kernels `kernels`.
+pub(super) fn runs_on(ty: BlockType, d_in: usize, kernels: Kernels) -> bool {
+    super::runs(ty, d_in)
+        && match kernels {
+            Kernels::Vnni => true,
+            #[cfg(target_arch = "x86_64")]
+            Kernels::Avx2 => avx2::takes(ty),
+            #[cfg(not(target_arch = "x86_64"))]
+            Kernels::Avx2 => false,
+        }
 }
 
 /// `x` (`rows` rows of `d_in`) times the weight whose rows are `ty` blocks in `weight`:
@@ -62,16 +76,23 @@ pub fn linear_rows(x: &[f32], ty: BlockType, weight: &[u8], d_in: usize) -> Vec<
 pub struct Prompt<'x> {
     x: &'x [f32],
     d_in: usize,
+    /// The build of the kernel that runs (the fastest here; tests choose).
+    kernels: Kernels,
     /// Per 32 values, per 256.
     rounded: [OnceCell<Rounded>; 2],
 }
 
 impl<'x> Prompt<'x> {
     pub fn new(x: &'x [f32], d_in: usize) -> Self {
+        Prompt::for_kernels(x, d_in, Kernels::here())
+    }
+
+    pub(super) fn for_kernels(x: &'x [f32], d_in: usize, kernels: Kernels) -> Self {
         assert!(d_in > 0 && x.len().is_multiple_of(d_in));
         Prompt {
             x,
             d_in,
+            kernels,
             rounded: Default::default(),
         }
     }
@@ -84,7 +105,7 @@ impl<'x> Prompt<'x> {
     pub fn linear(&self, ty: BlockType, weight: &[u8]) -> Vec<f32> {
         let d_in = self.d_in;
         assert!(
-            runs(ty, d_in),
+            runs_on(ty, d_in, self.kernels),
             "no int8 prompt kernel for {ty} rows of {d_in} here"
         );
         let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
@@ -95,12 +116,19 @@ impl<'x> Prompt<'x> {
         }
         let format = Format::of(ty).expect("an int8 type");
         let x = self.rounded[format as usize].get_or_init(|| Rounded::new(self.x, d_in, format));
-        products(x, &Terms::new(x, ty), ty, weight, d_in)
+        products(x, &Terms::new(x, ty), ty, weight, d_in, self.kernels)
     }
 }
 
 /// See [`Prompt::linear`]: `x` rounded for `ty`, `terms` its groups' terms.
-fn products(x: &Rounded, terms: &Terms, ty: BlockType, weight: &[u8], d_in: usize) -> Vec<f32> {
+fn products(
+    x: &Rounded,
+    terms: &Terms,
+    ty: BlockType,
+    weight: &[u8],
+    d_in: usize,
+    kernels: Kernels,
+) -> Vec<f32> {
     let row_bytes = ty.row_bytes(d_in).expect("rows of whole blocks");
     let (rows, d_out) = (x.real, weight.len() / row_bytes);
     // Every value is stored by a last step's tile before `set_len` below.
@@ -129,6 +157,7 @@ fn products(x: &Rounded, terms: &Terms, ty: BlockType, weight: &[u8], d_in: usiz
             let bytes = step * step_bytes..((step + 1) * step_bytes).min(row_bytes);
             for (panel, packed) in panels.iter().zip(&mut packed) {
                 packed.fill(
+                    kernels,
                     ty,
                     panel
                         .clone()
@@ -165,7 +194,18 @@ fn products(x: &Rounded, terms: &Terms, ty: BlockType, weight: &[u8], d_in: usiz
                     };
                     // SAFETY: `runs` checked the CPU; `sums` holds the tile's rows, and the
                     // panel's columns of out's rows belong to this task alone.
-                    unsafe { x.tile(terms, ty, packed, step, tile, sums, (valid, panel.len())) };
+                    unsafe {
+                        x.tile(
+                            kernels,
+                            terms,
+                            ty,
+                            packed,
+                            step,
+                            tile,
+                            sums,
+                            (valid, panel.len()),
+                        )
+                    };
                 }
             }
         }
@@ -243,6 +283,7 @@ impl Rounded {
     #[allow(clippy::too_many_arguments)]
     unsafe fn tile(
         &self,
+        kernels: Kernels,
         terms: &Terms,
         ty: BlockType,
         packed: &Packed,
@@ -269,13 +310,26 @@ impl Rounded {
         #[cfg(target_arch = "x86_64")]
         // SAFETY: forwarded; the slices hold the tile's MR rows.
         unsafe {
-            use avx512::tile as run;
-            match ty {
-                BlockType::Q8_0 => run::<8, 128, true>(packed, x, terms, d, sums, shape),
-                BlockType::Q4_0 => run::<8, 8, true>(packed, x, terms, d, sums, shape),
-                BlockType::Q4K => run::<8, 0, false>(packed, x, terms, d, sums, shape),
-                BlockType::Q6K => run::<4, 32, false>(packed, x, terms, d, sums, shape),
-                other => unreachable!("no int8 kernel for {other}"),
+            match kernels {
+                Kernels::Vnni => {
+                    use avx512::tile as run;
+                    match ty {
+                        BlockType::Q8_0 => run::<8, 128, true>(packed, x, terms, d, sums, shape),
+                        BlockType::Q4_0 => run::<8, 8, true>(packed, x, terms, d, sums, shape),
+                        BlockType::Q4K => run::<8, 0, false>(packed, x, terms, d, sums, shape),
+                        BlockType::Q6K => run::<4, 32, false>(packed, x, terms, d, sums, shape),
+                        other => unreachable!("no int8 kernel for {other}"),
+                    }
+                }
+                Kernels::Avx2 => {
+                    use avx2::tile as run;
+                    match ty {
+                        BlockType::Q4_0 => run::<8, 8, true, 8>(packed, x, terms, d, sums, shape),
+                        BlockType::Q4K => run::<8, 0, false, 8>(packed, x, terms, d, sums, shape),
+                        BlockType::Q6K => run::<4, 32, false, 2>(packed, x, terms, d, sums, shape),
+                        other => unreachable!("no AVX2 int8 prompt kernel for {other}"),
+                    }
+                }
             }
         }
     }
@@ -367,7 +421,7 @@ impl Packed {
 
     /// Unpacks a step (one K-quant block, or up to eight of 32 values) of each of up to NR
     /// rows; rows and groups past them: zeros.
-    fn fill<'w>(&mut self, ty: BlockType, steps: impl Iterator<Item = &'w [u8]>) {
+    fn fill<'w>(&mut self, kernels: Kernels, ty: BlockType, steps: impl Iterator<Item = &'w [u8]>) {
         ROWS.with_borrow_mut(|codes| {
             self.scales.fill(0.0);
             self.offsets.fill(0.0);
@@ -402,17 +456,28 @@ impl Packed {
                 #[cfg(target_arch = "x86_64")]
                 // SAFETY: `runs` checked the CPU; `step` is whole blocks of `ty`.
                 unsafe {
-                    avx512::codes(ty, step, codes)
+                    avx2::codes(ty, step, codes)
                 };
             }
             // Past the weight's last row.
             codes[rows * QK..].fill(0);
-            #[cfg(target_arch = "x86_64")]
-            // SAFETY: as above.
-            unsafe {
-                avx512::transpose(codes, &mut self.codes)
-            };
+            match kernels {
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: as above.
+                Kernels::Vnni => unsafe { avx512::transpose(codes, &mut self.codes) },
+                _ => transpose_words(codes, &mut self.codes),
+            }
         });
+    }
+}
+
+/// NR rows of 256 codes (`rows[j * 256..]`) into `codes`, each four codes of a row beside
+/// the same four of the other rows (what `avx512::transpose` does in registers).
+fn transpose_words(rows: &[u8; QK * NR], codes: &mut [u8; QK * NR]) {
+    for (k, words) in codes.chunks_exact_mut(4 * NR).enumerate() {
+        for (j, word) in words.chunks_exact_mut(4).enumerate() {
+            word.copy_from_slice(&rows[j * QK + 4 * k..][..4]);
+        }
     }
 }
 
@@ -435,90 +500,14 @@ thread_local! {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+
+#[cfg(target_arch = "x86_64")]
 mod avx512 {
     use std::arch::x86_64::*;
 
     use super::{Accumulate, MR, NR, Packed, QK};
-    use crate::quant::BlockType;
     use crate::simd::avx512::transpose as transpose16;
-
-    /// A step's codes (`step`: whole blocks of `ty`) in input order, unsigned (Q8_0's plus
-    /// 128, Q4_0's and Q4_K's 4 bits, Q6_K's 6), into `codes`.
-    ///
-    /// # Safety
-    /// AVX-512F, BW and AVX2 present.
-    #[target_feature(enable = "avx512f,avx512bw,avx2")]
-    pub(super) unsafe fn codes(ty: BlockType, step: &[u8], codes: &mut [u8]) {
-        let blocks = step.len() / ty.bytes();
-        assert!(step.len() == blocks * ty.bytes() && blocks * ty.values() <= QK);
-        assert!(codes.len() >= QK);
-        let nibbles = _mm256_set1_epi8(0x0f);
-        // SAFETY (whole body): the asserts keep every read inside `step` (32 bytes read at
-        // most 32 bytes before a block's end) and every write inside `codes`.
-        unsafe {
-            let load = |at: usize| _mm256_loadu_si256(step.as_ptr().add(at).cast());
-            let to = codes.as_mut_ptr();
-            let store = |at: usize, v: __m256i| _mm256_storeu_si256(to.add(at).cast(), v);
-            match ty {
-                BlockType::Q8_0 => {
-                    for b in 0..blocks {
-                        let q = load(b * ty.bytes() + 2);
-                        store(32 * b, _mm256_xor_si256(q, _mm256_set1_epi8(-128)));
-                    }
-                }
-                BlockType::Q4_0 => {
-                    // Values 0..16 in the low nibbles, 16..32 in the high.
-                    let nibbles = _mm_set1_epi8(0x0f);
-                    for b in 0..blocks {
-                        let q = _mm_loadu_si128(step.as_ptr().add(b * ty.bytes() + 2).cast());
-                        let low = _mm_and_si128(q, nibbles);
-                        let high = _mm_and_si128(_mm_srli_epi16(q, 4), nibbles);
-                        _mm_storeu_si128(to.add(32 * b).cast(), low);
-                        _mm_storeu_si128(to.add(32 * b + 16).cast(), high);
-                    }
-                }
-                BlockType::Q4K => {
-                    // Bytes 32c..32c + 32 hold group 2c in their low nibbles, 2c + 1 in the
-                    // high.
-                    for c in 0..4 {
-                        let q = load(16 + 32 * c);
-                        store(64 * c, _mm256_and_si256(q, nibbles));
-                        store(
-                            64 * c + 32,
-                            _mm256_and_si256(_mm256_srli_epi16(q, 4), nibbles),
-                        );
-                    }
-                }
-                BlockType::Q6K => {
-                    // As `quant::q6_k` reads them, 32 values at a time.
-                    let twos = _mm256_set1_epi8(0x30);
-                    for c in 0..8 {
-                        let (half, quarter) = (c / 4, c % 4);
-                        let low = load(half * 64 + (quarter % 2) * 32);
-                        let low = if quarter / 2 == 1 {
-                            _mm256_srli_epi16(low, 4)
-                        } else {
-                            low
-                        };
-                        let high = load(128 + half * 32);
-                        // The two bits at 2 * quarter, moved to bits 4 and 5.
-                        let high = match quarter {
-                            0 => _mm256_slli_epi16(high, 4),
-                            1 => _mm256_slli_epi16(high, 2),
-                            2 => high,
-                            _ => _mm256_srli_epi16(high, 2),
-                        };
-                        let code = _mm256_or_si256(
-                            _mm256_and_si256(low, nibbles),
-                            _mm256_and_si256(high, twos),
-                        );
-                        store(32 * c, code);
-                    }
-                }
-                other => unreachable!("no int8 kernel for {other}"),
-            }
-        }
-    }
 
     /// NR rows of 256 codes (`rows[j * 256..]`) into `codes`, each four codes of a row
     /// beside the same four of the other rows: a transpose of 32-bit words.

@@ -248,13 +248,15 @@ fn speed() {
 /// as `round_block` rounds it, per 32 or per 256, times the decoded weights, summed in
 /// f64) up to the order of f32 additions; and each row's result is the one it gets alone,
 /// to the bit, at 1, 2 and 3 threads: shapes with partial tiles, panels, groups of panels
-/// and (for the types of 32) steps. The prompt kernel is VNNI's (the avx512vnni tier).
+/// and (for the types of 32) steps. With each build of the prompt kernel the tier runs
+/// (VNNI's takes every type; the AVX2 build, 4- and 6-bit codes), and the two builds give
+/// the same bits.
 #[test]
 fn prompt_rows() {
-    if !tier_runs(Needs::Tier(Tier::Avx512Vnni)) {
+    if !tier_runs(Needs::Tier(Tier::Avx2)) {
         return;
     }
-    assert!(rows::runs(BlockType::Q8_0, 256));
+    assert!(rows::runs(BlockType::Q4_0, 256));
     for ty in TYPES {
         let per = match Format::of(ty).expect("an int8 type") {
             Format::Blocks32 => 32,
@@ -270,49 +272,109 @@ fn prompt_rows() {
             let x: Vec<f32> = (0..rows * d_in)
                 .map(|i| next() * if i % 53 == 0 { 30.0 } else { 1.0 })
                 .collect();
-            let row_bytes = ty.row_bytes(d_in).expect("whole blocks");
-            let mut w = vec![0.0f32; d_in];
-            let mut q = vec![0i8; d_in];
-            let got = rows::linear_rows(&x, ty, &weight, d_in);
-            for r in 0..rows {
-                let x = &x[r * d_in..][..d_in];
-                let scales: Vec<f32> = (x.chunks_exact(per).zip(q.chunks_exact_mut(per)))
-                    .map(|(x, q)| round_block(x, q))
-                    .collect();
-                for j in 0..d_out {
-                    ty.decode(&weight[j * row_bytes..][..row_bytes], &mut w);
-                    let terms = (0..d_in)
-                        .map(|k| f64::from(w[k]) * f64::from(q[k]) * f64::from(scales[k / per]));
-                    let (want, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
-                    let value = f64::from(got[r * d_out + j]);
-                    assert!(
-                        (value - want).abs() <= 1e-5 * size,
-                        "{ty} {rows}x{d_in}x{d_out}: row {r} column {j}: {value} vs {want}"
-                    );
+            let builds: Vec<Kernels> = (Kernels::runnable().into_iter())
+                .filter(|&kernels| rows::runs_on(ty, d_in, kernels))
+                .collect();
+            let products = |x: &[f32], kernels| {
+                rows::Prompt::for_kernels(x, d_in, kernels).linear(ty, &weight)
+            };
+            let mut each = Vec::new();
+            for &kernels in &builds {
+                let got = products(&x, kernels);
+                prompt_rows_follow_the_definition(ty, (rows, d_in, d_out), &x, &weight, &got);
+                for threads in [1, 2, 3] {
+                    crate::testing::in_pool(threads, || {
+                        let again = products(&x, kernels);
+                        assert!(
+                            same_bits(&again, &got),
+                            "{ty} {kernels:?}: {threads} threads"
+                        );
+                        for r in [0, rows / 2, rows - 1] {
+                            let alone = products(&x[r * d_in..][..d_in], kernels);
+                            assert!(
+                                same_bits(&alone, &got[r * d_out..][..d_out]),
+                                "{ty} {kernels:?}: row {r} alone at {threads} threads"
+                            );
+                        }
+                    });
+                }
+                each.push(got);
+            }
+            assert!(
+                each.windows(2).all(|two| same_bits(&two[0], &two[1])),
+                "{ty} {rows}x{d_in}x{d_out}: the builds {builds:?} differ"
+            );
+        }
+    }
+}
+
+/// Weights whose every code is its largest (Q8_0's 127, 4-bit 15, 6-bit 63) times inputs
+/// that all round to the largest integer of one sign: where the AVX2 prompt kernel's sums
+/// in i16 lanes are largest, and would overflow if it kept them there a step too long.
+#[test]
+fn prompt_rows_at_the_extremes() {
+    if !tier_runs(Needs::Tier(Tier::Avx2)) {
+        return;
+    }
+    let (rows, d_in, d_out) = (14, 512, 16);
+    for ty in TYPES {
+        let mut weight = blocks(ty, d_out, d_in, 9);
+        let (codes, largest) = match ty {
+            BlockType::Q8_0 => (2..34, 0x7f),
+            BlockType::Q4_0 => (2..18, 0xff),
+            BlockType::Q4K => (16..144, 0xff),
+            _ => (0..192, 0xff),
+        };
+        for block in weight.chunks_exact_mut(ty.bytes()) {
+            block[codes.clone()].fill(largest);
+        }
+        for sign in [1.0, -1.0] {
+            let x = vec![sign; rows * d_in];
+            for kernels in Kernels::runnable() {
+                if rows::runs_on(ty, d_in, kernels) {
+                    let got = rows::Prompt::for_kernels(&x, d_in, kernels).linear(ty, &weight);
+                    prompt_rows_follow_the_definition(ty, (rows, d_in, d_out), &x, &weight, &got);
                 }
             }
-            for threads in [1, 2, 3] {
-                crate::testing::in_pool(threads, || {
-                    let again = rows::linear_rows(&x, ty, &weight, d_in);
-                    assert!(
-                        again
-                            .iter()
-                            .zip(&got)
-                            .all(|(a, b)| a.to_bits() == b.to_bits())
-                    );
-                    for r in [0, rows / 2, rows - 1] {
-                        let alone = rows::linear_rows(&x[r * d_in..][..d_in], ty, &weight, d_in);
-                        let row = &got[r * d_out..][..d_out];
-                        assert!(
-                            alone
-                                .iter()
-                                .zip(row)
-                                .all(|(a, b)| a.to_bits() == b.to_bits()),
-                            "{ty}: row {r} alone at {threads} threads"
-                        );
-                    }
-                });
-            }
+        }
+    }
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
+}
+
+/// `got`, the products of the prompt `x` (`rows` rows of `d_in`) with the `d_out` rows of
+/// `ty` blocks in `weight`, as the definition says (see [`prompt_rows`]).
+fn prompt_rows_follow_the_definition(
+    ty: BlockType,
+    (rows, d_in, d_out): (usize, usize, usize),
+    x: &[f32],
+    weight: &[u8],
+    got: &[f32],
+) {
+    let per = match Format::of(ty).expect("an int8 type") {
+        Format::Blocks32 => 32,
+        Format::Blocks256 => 256,
+    };
+    let row_bytes = ty.row_bytes(d_in).expect("whole blocks");
+    let mut w = vec![0.0f32; d_in];
+    let mut q = vec![0i8; d_in];
+    for r in 0..rows {
+        let x = &x[r * d_in..][..d_in];
+        let scales: Vec<f32> = (x.chunks_exact(per).zip(q.chunks_exact_mut(per)))
+            .map(|(x, q)| round_block(x, q))
+            .collect();
+        for j in 0..d_out {
+            ty.decode(&weight[j * row_bytes..][..row_bytes], &mut w);
+            let terms =
+                (0..d_in).map(|k| f64::from(w[k]) * f64::from(q[k]) * f64::from(scales[k / per]));
+            let (want, size) = terms.fold((0.0, 0.0), |(s, a), t| (s + t, a + t.abs()));
+            let value = f64::from(got[r * d_out + j]);
+            assert!(
+                (value - want).abs() <= 1e-5 * size,
+                "{ty} {rows}x{d_in}x{d_out}: row {r} column {j}: {value} vs {want}"
+            );
         }
     }
 }
@@ -324,7 +386,7 @@ fn prompt_rows() {
 fn prompt_speed() {
     let (rows, d_in, d_out) = (512, 2048, 8192);
     let x: Vec<f32> = (0..rows * d_in).map(|i| (i as f32).sin()).collect();
-    for ty in TYPES {
+    for ty in TYPES.into_iter().filter(|&ty| rows::runs(ty, d_in)) {
         let weight = blocks(ty, d_out, d_in, 3);
         let mut best = f64::INFINITY;
         for _ in 0..5 {

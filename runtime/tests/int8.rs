@@ -370,11 +370,8 @@ fn stays_near_the_exact_ones(ty: &str) {
         );
         // Prompts take int8 products only where the prompt kernel runs (1536: down_proj's
         // inputs, which every type's blocks divide).
-        let block = match ty {
-            "q8_0" => BlockType::Q8_0,
-            "q4_0" => BlockType::Q4_0,
-            "q4_k" => BlockType::Q4K,
-            _ => BlockType::Q6K,
+        let Ok(Weights::Blocks(block)) = ty.parse() else {
+            unreachable!("{ty} names a block type")
         };
         if path == "decode" || kernels::int8::rows::runs(block, 1536) {
             assert!(kl > 0.0, "{ty} {path}: the int8 products did not run");

@@ -258,11 +258,7 @@ fn prompt_rows() {
     }
     assert!(rows::runs(BlockType::Q4_0, 256));
     for ty in TYPES {
-        let per = match Format::of(ty).expect("an int8 type") {
-            Format::Blocks32 => 32,
-            Format::Blocks256 => 256,
-        };
-        let shapes = match per {
+        let shapes = match values_per_scale(ty) {
             32 => [(13, 576, 70), (25, 64, 130), (30, 768, 16)],
             _ => [(13, 512, 70), (25, 256, 130), (30, 768, 16)],
         };
@@ -340,6 +336,14 @@ fn prompt_rows_at_the_extremes() {
     }
 }
 
+/// The inputs rounded with one scale for `ty`'s products: 32 (Q8_0, Q4_0) or 256.
+fn values_per_scale(ty: BlockType) -> usize {
+    match Format::of(ty).expect("an int8 type") {
+        Format::Blocks32 => 32,
+        Format::Blocks256 => 256,
+    }
+}
+
 fn same_bits(a: &[f32], b: &[f32]) -> bool {
     a.len() == b.len() && a.iter().zip(b).all(|(a, b)| a.to_bits() == b.to_bits())
 }
@@ -353,10 +357,7 @@ fn prompt_rows_follow_the_definition(
     weight: &[u8],
     got: &[f32],
 ) {
-    let per = match Format::of(ty).expect("an int8 type") {
-        Format::Blocks32 => 32,
-        Format::Blocks256 => 256,
-    };
+    let per = values_per_scale(ty);
     let row_bytes = ty.row_bytes(d_in).expect("whole blocks");
     let mut w = vec![0.0f32; d_in];
     let mut q = vec![0i8; d_in];

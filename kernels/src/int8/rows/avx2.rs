@@ -222,12 +222,14 @@ unsafe fn rows<
                     }
                 }
             }
-            let scale = packed.scales.as_ptr().add(g * NR);
-            let offset = packed.offsets.as_ptr().add(g * NR);
+            // The group's scales and offsets for the panel's rows, as two halves.
+            let halves = |at: *const f32| [_mm256_load_ps(at), _mm256_load_ps(at.add(8))];
+            let scales = halves(packed.scales.as_ptr().add(g * NR));
+            let offsets = halves(packed.offsets.as_ptr().add(g * NR));
             for (r, dots) in dots.iter().enumerate() {
                 let row = first + r;
                 for h in 0..2 {
-                    let scale = _mm256_load_ps(scale.add(8 * h));
+                    let scale = scales[h];
                     let scale = if PER_GROUP {
                         _mm256_mul_ps(scale, _mm256_set1_ps(*d.get_unchecked(row * groups + g)))
                     } else {
@@ -236,9 +238,8 @@ unsafe fn rows<
                     let sum = &mut block[row][h];
                     *sum = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots[h]), scale, *sum);
                     if C == 0 {
-                        let offset = _mm256_load_ps(offset.add(8 * h));
                         let total = _mm256_set1_ps(*totals.get_unchecked(row * groups + g));
-                        *sum = _mm256_fnmadd_ps(offset, total, *sum);
+                        *sum = _mm256_fnmadd_ps(offsets[h], total, *sum);
                     }
                 }
             }

@@ -344,7 +344,9 @@ impl<S: Stored> CausalAttention<'_, S> {
     /// before the next is read, so each is read once from memory, not once per head, and in
     /// order: a tile's rows hold every key/value head side by side, and going through one
     /// head's columns of the whole span, then the next head's, read the cache three times
-    /// over at a stride the prefetchers follow poorly.
+    /// over at a stride the prefetchers follow poorly. On AVX-512, heads a multiple of 64
+    /// wide take `avx512::span`, which also reads each row into registers once for the
+    /// whole group of query heads sharing it (docs/BENCHMARKS.md has what it bought).
     fn span(
         &self,
         batch: usize,
@@ -360,6 +362,28 @@ impl<S: Stored> CausalAttention<'_, S> {
         let group = n_heads / n_kv_heads;
         let (first, n) = (keys.start, keys.len());
         let (key_stride, value_stride) = (self.keys.row_stride, self.values.row_stride);
+        #[cfg(target_arch = "x86_64")]
+        if n > 0 && avx512::runs(head_dim) {
+            let kv_width = n_kv_heads * head_dim;
+            let queries = self.queries.slice(batch, 0, 0, 1, n_heads * head_dim);
+            let keys = self.keys.slice(batch, first, 0, n, kv_width);
+            let values = self.values.slice(batch, first, 0, n, kv_width);
+            // SAFETY: the tier and head width were just checked; the slices hold the `n`
+            // rows of every key/value head (`Matrix::slice` checks them), `scores` and
+            // `partials` are the caller's, as long as `span` says.
+            unsafe {
+                avx512::span(
+                    queries,
+                    (keys, key_stride),
+                    (values, value_stride),
+                    n,
+                    self.heads,
+                    scores,
+                    partials,
+                )
+            };
+            return;
+        }
         let partial_len = self.partial_len();
         // Positions `at`, `quarter + at`, `2 quarter + at`, `3 quarter + at` are read
         // together (four streams); the `n % 4` after the last quarter alone.
@@ -485,3 +509,9 @@ thread_local! {
     /// Each thread's score rows, reused across blocks, heads and layers.
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
 }
+
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+
+#[cfg(test)]
+mod tests;

@@ -344,9 +344,10 @@ impl<S: Stored> CausalAttention<'_, S> {
     /// before the next is read, so each is read once from memory, not once per head, and in
     /// order: a tile's rows hold every key/value head side by side, and going through one
     /// head's columns of the whole span, then the next head's, read the cache three times
-    /// over at a stride the prefetchers follow poorly. On AVX-512, heads a multiple of 64
-    /// wide take `avx512::span`, which also reads each row into registers once for the
-    /// whole group of query heads sharing it (docs/BENCHMARKS.md has what it bought).
+    /// over at a stride the prefetchers follow poorly. On AVX2 and AVX-512, heads a
+    /// multiple of 32 or 64 wide take `grouped::span`, which also reads each row into
+    /// registers once for the whole group of query heads sharing it (docs/BENCHMARKS.md
+    /// has what it bought).
     fn span(
         &self,
         batch: usize,
@@ -363,25 +364,23 @@ impl<S: Stored> CausalAttention<'_, S> {
         let (first, n) = (keys.start, keys.len());
         let (key_stride, value_stride) = (self.keys.row_stride, self.values.row_stride);
         #[cfg(target_arch = "x86_64")]
-        if n > 0 && avx512::runs(head_dim) {
+        if n > 0 && grouped::runs::<Avx2>(head_dim) {
             let kv_width = n_kv_heads * head_dim;
             let queries = self.queries.slice(batch, 0, 0, 1, n_heads * head_dim);
-            let keys = self.keys.slice(batch, first, 0, n, kv_width);
-            let values = self.values.slice(batch, first, 0, n, kv_width);
-            // SAFETY: the tier and head width were just checked; the slices hold the `n`
-            // rows of every key/value head (`Matrix::slice` checks them), `scores` and
-            // `partials` are the caller's, as long as `span` says.
-            unsafe {
-                avx512::span(
-                    queries,
-                    (keys, key_stride),
-                    (values, value_stride),
-                    n,
-                    self.heads,
-                    scores,
-                    partials,
-                )
+            let keys = (self.keys.slice(batch, first, 0, n, kv_width), key_stride);
+            let values = (
+                self.values.slice(batch, first, 0, n, kv_width),
+                value_stride,
+            );
+            let span = if grouped::runs::<Avx512>(head_dim) {
+                grouped::span::<S, Avx512>
+            } else {
+                grouped::span::<S, Avx2>
             };
+            // SAFETY: the tier and head width are checked; the slices hold the `n` rows of
+            // every key/value head (`Matrix::slice` checks them), `scores` and `partials`
+            // are the caller's, as long as `grouped::span` says.
+            unsafe { span(queries, keys, values, n, self.heads, scores, partials) };
             return;
         }
         let partial_len = self.partial_len();
@@ -511,7 +510,13 @@ thread_local! {
 }
 
 #[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
 mod avx512;
+#[cfg(target_arch = "x86_64")]
+mod grouped;
+#[cfg(target_arch = "x86_64")]
+use {avx2::Avx2, avx512::Avx512};
 
 #[cfg(test)]
 mod tests;

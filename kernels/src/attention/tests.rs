@@ -42,9 +42,10 @@ fn reference<S: Stored>(
 }
 
 /// Decoding's attention, for each of a batch of query rows at its own position, within
-/// rounding of the f64 reference: for group sizes 1 to 7, head widths the AVX-512 span
-/// takes and one it does not (48), every cache type, with and without a window, at
-/// context lengths around the blocks' and tiles' edges, on 1 to 3 threads.
+/// rounding of the f64 reference: for groups of 1, 2, 3, 4, 5 and 7 query heads (every
+/// run of heads each instruction set's blocks take), head widths the grouped span takes
+/// and one it does not (48), every cache type, with and without a window, at context
+/// lengths around the blocks' and tiles' edges, on 1 to 3 threads.
 fn decodes_as_reference<S: Stored>() {
     let shapes = [
         (9, 3, 64),
@@ -52,6 +53,8 @@ fn decodes_as_reference<S: Stored>() {
         (14, 2, 64),
         (8, 8, 64),
         (8, 2, 128),
+        (10, 2, 64),
+        (4, 2, 64),
         (6, 2, 48),
     ];
     for (n_heads, n_kv_heads, head_dim) in shapes {

@@ -293,7 +293,7 @@ impl<S: Stored> CausalAttention<'_, S> {
         let spans = (visible / MIN_KEYS_PER_SPAN).clamp(1, rayon::current_num_threads());
         let span_len = visible.div_ceil(spans);
         // Per batch entry, span and head: one partial (see `span`).
-        let partial_len = self.partial_len();
+        let partial_len = partial_len(head_dim);
         let task_len = n_heads * partial_len;
         let mut partials = vec![0.0f32; self.batch * spans * task_len];
         let tasks = partials
@@ -338,7 +338,7 @@ impl<S: Stored> CausalAttention<'_, S> {
     /// Every query head of the query row of `batch` against the positions `keys`: for each
     /// head, `partials` gets `Σ e^(s_j - max) v_j` over them, then `max` and
     /// `Σ e^(s_j - max)`, where `s_j` is the head's score of key `j`
-    /// ([`Self::partial_len`] values per head). `scores` holds `keys.len()` per head.
+    /// ([`partial_len`] values per head). `scores` holds `keys.len()` per head.
     ///
     /// The keys and values are read a tile of positions at a time, every head using a tile
     /// before the next is read, so each is read once from memory, not once per head, and in
@@ -383,7 +383,7 @@ impl<S: Stored> CausalAttention<'_, S> {
             unsafe { span(queries, keys, values, n, self.heads, scores, partials) };
             return;
         }
-        let partial_len = self.partial_len();
+        let partial_len = partial_len(head_dim);
         // Positions `at`, `quarter + at`, `2 quarter + at`, `3 quarter + at` are read
         // together (four streams); the `n % 4` after the last quarter alone.
         let quarter = n / 4;
@@ -420,12 +420,7 @@ impl<S: Stored> CausalAttention<'_, S> {
                 simd::dot_rows(query, tile_keys, key_stride, scores);
             }
         }
-        let heads = scores
-            .chunks_exact_mut(n)
-            .zip(partials.chunks_exact_mut(partial_len));
-        for (scores, partial) in heads {
-            simd::softmax_numerators(scores, &mut partial[head_dim..]);
-        }
+        numerators(scores, n, partials, head_dim);
         for at in tiles {
             let rows = STREAM_TILE.min(quarter - at);
             for kv_head in 0..n_kv_heads {
@@ -470,13 +465,6 @@ impl<S: Stored> CausalAttention<'_, S> {
             .map_or(0, |window| (position + 1).saturating_sub(window))
     }
 
-    /// Values per head in a decoding span's partial result: the span's share of the head's
-    /// output, unnormalised (`head_dim`), then its largest score and its sum of
-    /// e^(score - largest).
-    fn partial_len(&self) -> usize {
-        self.heads.head_dim + 2
-    }
-
     /// Panics unless the last element every gemm reads lies inside its buffer (the first
     /// is checked by [`Matrix::at`]), so the unchecked reads above stay in bounds.
     fn check_bounds(&self) {
@@ -502,6 +490,23 @@ fn quarters_mut(scores: &mut [f32], quarter: usize, at: usize, rows: usize) -> [
     let (q1, rest) = rest.split_at_mut(quarter);
     let (q2, q3) = rest.split_at_mut(quarter);
     [q0, q1, q2, q3].map(|q| &mut q[at..at + rows])
+}
+
+/// Values per head in a decoding span's partial result: the span's share of the head's
+/// output, unnormalised (`head_dim`), then its largest score and its sum of
+/// e^(score - largest).
+fn partial_len(head_dim: usize) -> usize {
+    head_dim + 2
+}
+
+/// A decoding span's scores (`n` a head) turned into softmax numerators, head by head, each
+/// head's largest score and sum of numerators stored after its `head_dim` sums in
+/// `partials`.
+fn numerators(scores: &mut [f32], n: usize, partials: &mut [f32], head_dim: usize) {
+    let heads = (scores.chunks_exact_mut(n)).zip(partials.chunks_exact_mut(partial_len(head_dim)));
+    for (scores, partial) in heads {
+        simd::softmax_numerators(scores, &mut partial[head_dim..]);
+    }
 }
 
 thread_local! {

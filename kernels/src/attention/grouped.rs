@@ -102,7 +102,7 @@ pub(super) unsafe fn span<S: Stored, G: Grouped>(
         head_dim,
     } = heads;
     let group = n_heads / n_kv_heads;
-    let partial_len = head_dim + 2;
+    let partial_len = super::partial_len(head_dim);
     let kv_width = n_kv_heads * head_dim;
     debug_assert!(runs::<G>(head_dim) && n > 0);
     debug_assert!(queries.len() >= n_heads * head_dim && scores.len() >= n_heads * n);
@@ -110,11 +110,11 @@ pub(super) unsafe fn span<S: Stored, G: Grouped>(
     debug_assert!(keys.len() >= (n - 1) * key_stride + kv_width);
     debug_assert!(values.len() >= (n - 1) * value_stride + kv_width);
     let (queries, keys, values) = (queries.as_ptr(), keys.as_ptr(), values.as_ptr());
-    let (scores, partials) = (scores.as_mut_ptr(), partials.as_mut_ptr());
-    // SAFETY (all below): every row read is one of the `n` the caller vouches for, at a
-    // column inside its key/value head; every score and partial written is inside the
-    // buffers, as `heads` and `n` lay them out.
+    // SAFETY (both blocks below): every row read is one of the `n` the caller vouches for,
+    // at a column inside its key/value head; every score and partial written is inside
+    // the buffers, as `heads` and `n` lay them out.
     unsafe {
+        let scores = scores.as_mut_ptr();
         // Every head's scores, a block of rows at a time, the block's rows read whole.
         for first in (0..n).step_by(G::ROWS) {
             let rows = G::ROWS.min(n - first);
@@ -135,11 +135,11 @@ pub(super) unsafe fn span<S: Stored, G: Grouped>(
                 }
             }
         }
-        for head in 0..n_heads {
-            let row = std::slice::from_raw_parts_mut(scores.add(head * n), n);
-            let stats = partials.add(head * partial_len + head_dim);
-            crate::simd::softmax_numerators(row, std::slice::from_raw_parts_mut(stats, 2));
-        }
+    }
+    super::numerators(scores, n, partials, head_dim);
+    // SAFETY: as above.
+    unsafe {
+        let (scores, partials) = (scores.as_ptr(), partials.as_mut_ptr());
         // Each head's weighted sum of the value rows, a tile of rows at a time.
         for first in (0..n).step_by(SUM_TILE) {
             let rows = SUM_TILE.min(n - first);
@@ -154,7 +154,7 @@ pub(super) unsafe fn span<S: Stored, G: Grouped>(
                 for column in (0..head_dim).step_by(G::SUM_COLUMNS) {
                     for (head, count) in chunks(kv_head * group, group, G::SUM_HEADS) {
                         let tile = SumTile {
-                            weights: scores.add(head * n + first).cast_const(),
+                            weights: scores.add(head * n + first),
                             n,
                             values: values.add(first * value_stride + kv_head * head_dim + column),
                             stride: value_stride,

@@ -367,7 +367,7 @@ mod tests {
     use crate::testing::{in_pool, uniform};
 
     /// Whether the kernels cannot run at this tier (and the test is skipped, saying so,
-    /// also under `REQUIRE_KERNELS`: CI's Ice Lake hosts lack AVX512_BF16; `cpu::testing`).
+    /// also under `REQUIRE_KERNELS`: CI's Ice Lake and Zen 3 hosts lack AVX512_BF16; `cpu::testing`).
     fn skipped() -> bool {
         let skipped = !crate::cpu::testing::runs(Needs::Bf16);
         assert_eq!(runs(), !skipped);

@@ -5,7 +5,7 @@
 //!
 //! Skipped when the artifact is missing (`REQUIRE_MODEL=1`, set by `just test`, makes that a
 //! failure) and at a tier without the kernels (int8: AVX2; bf16: AVX512_BF16), where every
-//! product is exact: a CPU without the int8 kernels is a failure under `REQUIRE_KERNELS`
+//! product is exact: a CPU without the int8 kernels is a failure under `REQUIRE_KERNELS=avx2`
 //! (`kernels::cpu::testing`; AVX512_BF16 stays optional), a tier lowered by `RUNTIME_CPU`
 //! never. Below the AVX-512 VNNI tier Q8_0 prompts take the exact products (the AVX2 prompt
 //! kernel takes 4- and 6-bit codes only).

@@ -6,13 +6,14 @@
 //! the test is skipped, and the skip is said on stderr. Two reasons, treated apart:
 //! - `RUNTIME_CPU` lowered the tier on purpose below what the CPU has (`just test-tiers`
 //!   runs the tests at every tier below the CPU's): always a skip.
-//! - The CPU itself lacks it: a skip, unless the environment variable `REQUIRE_KERNELS` is
-//!   set (CI sets it: its hosts, Intel Sapphire Rapids and Ice Lake and AMD Zen 4, all have
-//!   AVX-512 VNNI), where it is a failure naming what is missing and the CPU, so a host
-//!   without the kernels cannot pass by running none of their tests. AMX and AVX512_BF16
-//!   are the exceptions: no CI host is sure to have them (Zen 4 lacks AMX, Ice Lake lacks
-//!   both), so a test that needs one on a CPU without it is skipped, saying so, whatever
-//!   `REQUIRE_KERNELS` says.
+//! - The CPU itself lacks it: a skip, unless the environment variable `REQUIRE_KERNELS`
+//!   names a tier at or above the one the test needs, where it is a failure naming what is
+//!   missing and the CPU, so a host without the kernels cannot pass by running none of
+//!   their tests. CI sets `REQUIRE_KERNELS=avx2`: every kind of host it has met has AVX2
+//!   (Intel Sapphire Rapids and Ice Lake and AMD Zen 4 have AVX-512 VNNI too, AMD Zen 3 has
+//!   no AVX-512), so the AVX2 kernels' tests run on all of them and the AVX-512 ones
+//!   wherever the CPU has it. AMX and AVX512_BF16 are never required: no CI host is sure to
+//!   have them (Zen 4 lacks AMX, Ice Lake and Zen 3 lack both).
 
 use super::{Tier, detected, tier};
 
@@ -93,13 +94,14 @@ impl std::fmt::Display for Needs {
 
 /// Whether a test of kernels that need `needs` runs here: true when the kernels' tier has
 /// it. Otherwise says why the test is skipped and returns false, or panics where the
-/// module's introduction says (`REQUIRE_KERNELS` set and the CPU lacking it, AMX and
-/// AVX512_BF16 aside); panics too on a `RUNTIME_CPU` that names no tier, which would test
-/// the CPU's own tier under another's name.
+/// module's introduction says (the CPU lacking a tier at or below `REQUIRE_KERNELS`'s, AMX
+/// and AVX512_BF16 aside); panics too on a `RUNTIME_CPU` or `REQUIRE_KERNELS` that names no
+/// tier, which would test the CPU's own tier under another's name or require nothing.
 pub fn runs(needs: Needs) -> bool {
     if let Err(e) = super::requested() {
         panic!("{e}");
     }
+    let required = required().unwrap_or_else(|e| panic!("{e}"));
     let missing = needs.missing();
     if missing.is_empty() {
         if tier() >= needs.tier() {
@@ -120,17 +122,27 @@ pub fn runs(needs: Needs) -> bool {
         eprintln!("skipped: {what} (optional: AMX and AVX512_BF16 are on only some of CI's hosts)");
         return false;
     }
-    assert!(
-        !required(),
-        "REQUIRE_KERNELS is set, but {what}: the test would pass without running"
-    );
+    if let Some(required) = required {
+        assert!(
+            needs.tier() > required,
+            "REQUIRE_KERNELS={required}, but {what}: the test would pass without running"
+        );
+    }
     eprintln!("skipped: {what}");
     false
 }
 
-/// Whether `REQUIRE_KERNELS` is set (to anything but empty or `0`).
-pub fn required() -> bool {
-    std::env::var_os("REQUIRE_KERNELS").is_some_and(|v| !v.is_empty() && v != "0")
+/// The tier `REQUIRE_KERNELS` names (unset or empty: none), or an error naming a value that
+/// is not a tier.
+pub fn required() -> Result<Option<Tier>, String> {
+    match std::env::var("REQUIRE_KERNELS") {
+        Ok(name) if name.is_empty() => Ok(None),
+        Ok(name) => (name.parse())
+            .map(Some)
+            .map_err(|e| format!("REQUIRE_KERNELS: {e}")),
+        Err(std::env::VarError::NotPresent) => Ok(None),
+        Err(std::env::VarError::NotUnicode(_)) => Err("REQUIRE_KERNELS is not UTF-8".into()),
+    }
 }
 
 /// The CPU's name as it gives it (CPUID's brand string), for messages.

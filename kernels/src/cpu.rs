@@ -90,13 +90,16 @@ pub fn tier() -> Tier {
 /// The tier `RUNTIME_CPU` asks for, if it is set; an error naming it if it is not a tier.
 /// Programs call this once at start to turn a mistyped name into an error.
 pub fn requested() -> Result<Option<Tier>, String> {
-    match std::env::var("RUNTIME_CPU") {
-        Ok(name) => name
-            .parse()
-            .map(Some)
-            .map_err(|e| format!("RUNTIME_CPU: {e}")),
+    named_by("RUNTIME_CPU")
+}
+
+/// The tier the environment variable `var` names, if it is set; an error naming it if it is
+/// not a tier.
+fn named_by(var: &str) -> Result<Option<Tier>, String> {
+    match std::env::var(var) {
+        Ok(name) => (name.parse()).map(Some).map_err(|e| format!("{var}: {e}")),
         Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err("RUNTIME_CPU is not UTF-8".into()),
+        Err(std::env::VarError::NotUnicode(_)) => Err(format!("{var} is not UTF-8")),
     }
 }
 

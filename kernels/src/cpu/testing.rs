@@ -132,17 +132,10 @@ pub fn runs(needs: Needs) -> bool {
     false
 }
 
-/// The tier `REQUIRE_KERNELS` names (unset or empty: none), or an error naming a value that
-/// is not a tier.
+/// The tier `REQUIRE_KERNELS` names, if it is set; an error naming a value that is not a
+/// tier.
 pub fn required() -> Result<Option<Tier>, String> {
-    match std::env::var("REQUIRE_KERNELS") {
-        Ok(name) if name.is_empty() => Ok(None),
-        Ok(name) => (name.parse())
-            .map(Some)
-            .map_err(|e| format!("REQUIRE_KERNELS: {e}")),
-        Err(std::env::VarError::NotPresent) => Ok(None),
-        Err(std::env::VarError::NotUnicode(_)) => Err("REQUIRE_KERNELS is not UTF-8".into()),
-    }
+    super::named_by("REQUIRE_KERNELS")
 }
 
 /// The CPU's name as it gives it (CPUID's brand string), for messages.

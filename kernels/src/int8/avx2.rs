@@ -196,8 +196,26 @@ impl Kernel for Q4_0 {
 }
 
 /// Q4_K: eight groups of 32 with 6-bit scales and mins; each 32 bytes of nibbles hold two
-/// groups, the low nibbles the first, the high the second.
+/// groups, the low nibbles the first, the high the second. A row's eight scales are widened
+/// once into both halves of a register, and each group's taken from there by a byte
+/// shuffle; its two f16 scales are converted in one instruction.
 struct Q4K;
+
+/// `vpshufb` indices spreading word `g` of each 128-bit half over that half: group `g`'s
+/// scale from a Q4_K row's eight, widened.
+static SPREAD_WORD: [[u8; 32]; 8] = {
+    let mut indices = [[0; 32]; 8];
+    let mut g = 0;
+    while g < 8 {
+        let mut i = 0;
+        while i < 32 {
+            indices[g][i] = (2 * g + i % 2) as u8;
+            i += 1;
+        }
+        g += 1;
+    }
+    indices
+};
 
 impl Kernel for Q4K {
     #[inline]
@@ -211,30 +229,38 @@ impl Kernel for Q4K {
             let k = b * d_in / 256 + block;
             unsafe {
                 let x = inputs.q256.as_ptr().add(k * 256);
-                let dx = *inputs.scales256.get_unchecked(k);
+                let dx = _mm_set1_ps(*inputs.scales256.get_unchecked(k));
                 let sums16 = _mm256_loadu_si256(inputs.sums16.as_ptr().add(16 * k).cast());
                 for r in 0..R {
                     let p = rows[r].add(block * 144);
                     fetch(p, row_bytes, 144);
                     let (scales, mins) = super::scales_mins(p.add(4));
-                    let scales = scales.to_le_bytes().map(i16::from);
+                    let scales = _mm_cvtepu8_epi16(_mm_cvtsi64_si128(scales));
+                    let scales = _mm256_broadcastsi128_si256(scales);
                     let mut dot = _mm256_setzero_si256();
                     for pair in 0..4 {
                         let q = _mm256_loadu_si256(p.add(16 + 32 * pair).cast());
                         let (low, high) = (_mm256_and_si256(q, nibbles), high_nibbles(q));
                         let low = _mm256_maddubs_epi16(low, load(x.add(64 * pair)));
                         let high = _mm256_maddubs_epi16(high, load(x.add(64 * pair + 32)));
-                        let low = _mm256_madd_epi16(low, _mm256_set1_epi16(scales[2 * pair]));
-                        let high = _mm256_madd_epi16(high, _mm256_set1_epi16(scales[2 * pair + 1]));
+                        let scale =
+                            |g: usize| _mm256_shuffle_epi8(scales, load(SPREAD_WORD[g].as_ptr()));
+                        let low = _mm256_madd_epi16(low, scale(2 * pair));
+                        let high = _mm256_madd_epi16(high, scale(2 * pair + 1));
                         dot = _mm256_add_epi32(dot, _mm256_add_epi32(low, high));
                     }
                     // Each min twice: a sum of 16 inputs per lane, two per group.
                     let m = _mm_cvtsi64_si128(mins);
                     let m =
                         _mm256_madd_epi16(_mm256_cvtepu8_epi16(_mm_unpacklo_epi8(m, m)), sums16);
-                    let (dq, dmin) = (half(p) * dx, -half(p.add(2)) * dx);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_set1_ps(dq), acc[r]);
-                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(m), _mm256_set1_ps(dmin), acc[r]);
+                    // `[d, dmin]` times the inputs' scale; dmin's product taken off (the same
+                    // bits as adding the product with `-dmin`).
+                    let d = _mm_cvtph_ps(_mm_cvtsi32_si128(p.cast::<i32>().read_unaligned()));
+                    let d = _mm_mul_ps(d, dx);
+                    let dq = _mm256_broadcastss_ps(d);
+                    let dmin = _mm256_broadcastss_ps(_mm_movehdup_ps(d));
+                    acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dq, acc[r]);
+                    acc[r] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(m), dmin, acc[r]);
                 }
             }
         }

@@ -366,15 +366,38 @@ fn weights(logits: &[f32], temperature: f32) -> (Vec<f32>, f64) {
 /// Token ids by logit, most likely first, ties in id order (what a stable sort gives), cut
 /// to the `top_k` first (0: all).
 fn ranked(logits: &[f32], top_k: usize) -> Vec<u32> {
-    let by_logit = |a: &u32, b: &u32| by_rank(logits, *a, *b);
-    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    if top_k > 0 && top_k < order.len() {
-        // Only the first `top_k` need sorting: O(n) to find them.
-        order.select_nth_unstable_by(top_k - 1, by_logit);
-        order.truncate(top_k);
+    if top_k > 0 && top_k < logits.len() {
+        return top_ranked(logits, top_k);
     }
-    order.sort_unstable_by(by_logit);
+    let mut order: Vec<u32> = (0..logits.len() as u32).collect();
+    order.sort_unstable_by(|a, b| by_rank(logits, *a, *b));
     order
+}
+
+/// [`ranked`]'s first `k` (`0 < k`): one pass over the logits keeping the best `k` so far in
+/// rank order. A token joins only if it outranks the last kept, which after the first few
+/// hundred tokens almost none does, so a step costs about a comparison per token. (A
+/// selection over the ids, comparing logits through them, took 4% of a sampled token's time
+/// at top-k 40.)
+fn top_ranked(logits: &[f32], k: usize) -> Vec<u32> {
+    let mut kept: Vec<u32> = Vec::with_capacity(k + 1);
+    // The last kept token's key once `k` are kept: ids come in increasing order, so a
+    // later token of the same logit ranks after it.
+    let mut floor = f32::NEG_INFINITY;
+    for (id, &logit) in (0u32..).zip(logits) {
+        if kept.len() == k && rank_key(logit) <= floor {
+            continue;
+        }
+        let at = kept.partition_point(|&other| by_rank(logits, other, id).is_lt());
+        kept.insert(at, id);
+        if kept.len() > k {
+            kept.pop();
+        }
+        if kept.len() == k {
+            floor = rank_key(logits[kept[k - 1] as usize]);
+        }
+    }
+    kept
 }
 
 /// Token `a` against token `b` by logit, most likely first, ties in id order.
@@ -505,6 +528,32 @@ mod tests {
 
     use super::defaults::*;
     use super::*;
+
+    /// The top `k` found in one pass are a full sort's first `k`, ties in id order, NaN
+    /// last, for every `k` from 1 past the vocabulary.
+    #[test]
+    fn top_ranked_is_the_sorts_prefix() {
+        let mut state = 7u64;
+        let logits: Vec<f32> = (0..600)
+            .map(|i| {
+                state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
+                match i % 50 {
+                    0 => f32::NAN,
+                    1 => f32::NEG_INFINITY,
+                    // Few distinct values: many ties.
+                    _ => ((state >> 40) % 23) as f32 - 11.0,
+                }
+            })
+            .collect();
+        let all = ranked(&logits, 0);
+        assert_eq!(all.len(), logits.len());
+        for k in [1, 2, 5, 40, 599, 600] {
+            assert_eq!(top_ranked(&logits, k), all[..k], "k = {k}");
+        }
+        assert_eq!(ranked(&logits, 700), all);
+        let increasing: Vec<f32> = (0..100).map(|i| i as f32).collect();
+        assert_eq!(top_ranked(&increasing, 3), [99, 98, 97]);
+    }
 
     #[test]
     fn greedy_takes_first_maximum() {

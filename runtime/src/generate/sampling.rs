@@ -366,15 +366,25 @@ fn weights(logits: &[f32], temperature: f32) -> (Vec<f32>, f64) {
 /// Token ids by logit, most likely first, ties in id order (what a stable sort gives), cut
 /// to the `top_k` first (0: all).
 fn ranked(logits: &[f32], top_k: usize) -> Vec<u32> {
-    if top_k > 0 && top_k < logits.len() {
+    if top_k > 0 && top_k <= ONE_PASS_TOP_K && top_k < logits.len() {
         return top_ranked(logits, top_k);
     }
+    let by_logit = |a: &u32, b: &u32| by_rank(logits, *a, *b);
     let mut order: Vec<u32> = (0..logits.len() as u32).collect();
-    order.sort_unstable_by(|a, b| by_rank(logits, *a, *b));
+    if top_k > 0 && top_k < order.len() {
+        // Only the first `top_k` need sorting: O(n) to find them.
+        order.select_nth_unstable_by(top_k - 1, by_logit);
+        order.truncate(top_k);
+    }
+    order.sort_unstable_by(by_logit);
     order
 }
 
-/// [`ranked`]'s first `k` (`0 < k`): one pass over the logits keeping the best `k` so far in
+/// The largest top-k that [`top_ranked`] finds: each token that joins moves up to `k` ids,
+/// so a large `k` (a client may send thousands) takes the selection, O(n) whatever `k`.
+const ONE_PASS_TOP_K: usize = 256;
+
+/// [`ranked`]'s first `k` (`0 < k`, small): one pass over the logits keeping the best `k` so far in
 /// rank order. A token joins only if it outranks the last kept, which after the first few
 /// hundred tokens almost none does, so a step costs about a comparison per token. (A
 /// selection over the ids, comparing logits through them, took 4% of a sampled token's time
@@ -529,8 +539,8 @@ mod tests {
     use super::defaults::*;
     use super::*;
 
-    /// The top `k` found in one pass are a full sort's first `k`, ties in id order, NaN
-    /// last, for every `k` from 1 past the vocabulary.
+    /// The top `k` found in one pass, or by the selection past [`ONE_PASS_TOP_K`], are a
+    /// full sort's first `k`, ties in id order, NaN last, for `k` from 1 past the vocabulary.
     #[test]
     fn top_ranked_is_the_sorts_prefix() {
         let mut state = 7u64;
@@ -547,8 +557,9 @@ mod tests {
             .collect();
         let all = ranked(&logits, 0);
         assert_eq!(all.len(), logits.len());
-        for k in [1, 2, 5, 40, 599, 600] {
+        for k in [1, 2, 5, 40, 256, 257, 599, 600] {
             assert_eq!(top_ranked(&logits, k), all[..k], "k = {k}");
+            assert_eq!(ranked(&logits, k), all[..k], "k = {k}");
         }
         assert_eq!(ranked(&logits, 700), all);
         let increasing: Vec<f32> = (0..100).map(|i| i as f32).collect();

@@ -384,11 +384,11 @@ fn ranked(logits: &[f32], top_k: usize) -> Vec<u32> {
 /// so a large `k` (a client may send thousands) takes the selection, O(n) whatever `k`.
 const ONE_PASS_TOP_K: usize = 256;
 
-/// [`ranked`]'s first `k` (`0 < k`, small): one pass over the logits keeping the best `k` so far in
-/// rank order. A token joins only if it outranks the last kept, which after the first few
-/// hundred tokens almost none does, so a step costs about a comparison per token. (A
-/// selection over the ids, comparing logits through them, took 4% of a sampled token's time
-/// at top-k 40.)
+/// [`ranked`]'s first `k` (`0 < k`, small): one pass over the logits keeping the best `k`
+/// so far in rank order. A token joins only if it outranks the last kept, which after the
+/// first few hundred tokens almost none does, so a step costs about a comparison per token.
+/// (A selection over the ids, comparing logits through them, took 4% of a sampled token's
+/// time at top-k 40.)
 fn top_ranked(logits: &[f32], k: usize) -> Vec<u32> {
     let mut kept: Vec<u32> = Vec::with_capacity(k + 1);
     // The last kept token's key once `k` are kept: ids come in increasing order, so a
@@ -543,16 +543,13 @@ mod tests {
     /// full sort's first `k`, ties in id order, NaN last, for `k` from 1 past the vocabulary.
     #[test]
     fn top_ranked_is_the_sorts_prefix() {
-        let mut state = 7u64;
+        let mut rng = StdRng::seed_from_u64(7);
         let logits: Vec<f32> = (0..600)
-            .map(|i| {
-                state = state.wrapping_mul(6364136223846793005).wrapping_add(1);
-                match i % 50 {
-                    0 => f32::NAN,
-                    1 => f32::NEG_INFINITY,
-                    // Few distinct values: many ties.
-                    _ => ((state >> 40) % 23) as f32 - 11.0,
-                }
+            .map(|i| match i % 50 {
+                0 => f32::NAN,
+                1 => f32::NEG_INFINITY,
+                // Few distinct values: many ties.
+                _ => rng.random_range(-11..=11) as f32,
             })
             .collect();
         let all = ranked(&logits, 0);

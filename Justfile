@@ -90,13 +90,9 @@ burn22-check: build
 test-tiers:
     #!/usr/bin/env bash
     set -euo pipefail
-    # Below the CPU's own tier only (the tier it runs by default is `just test`'s).
-    case "$(grep -m1 '^flags' /proc/cpuinfo 2>/dev/null)" in
-        *amx_tile*) tiers="avx512vnni avx512 avx2 portable" ;;
-        *avx512_vnni*) tiers="avx512 avx2 portable" ;;
-        *avx512bw*) tiers="avx2 portable" ;;
-        *) tiers="portable" ;;
-    esac
+    # Below the CPU's own tier only (the tier it runs by default is `just test`'s), as the
+    # kernels detect it.
+    tiers=$(cargo run --quiet --release -p kernels --example tiers_below | xargs)
     for tier in $tiers; do
         echo "kernels at RUNTIME_CPU=$tier"
         RUNTIME_CPU=$tier cargo test --quiet --release -p kernels
